@@ -1,0 +1,95 @@
+"""``fastgen init``: scaffold a custom experiment config (and optionally a callback and a .env)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from string import Template
+from typing import Optional
+
+import typer
+
+from fastgen.cli.common import DEFAULT_RECIPE, console
+
+EPILOG = """[bold]Examples[/bold]
+
+  fastgen init my_digits                              [dim]# my_digits.py from the digits recipe[/dim]
+  fastgen init configs/toy_run --from Toy/config_sft_toy
+  fastgen init my_exp --callback --env                [dim]# also a custom callback and a .env[/dim]
+  fastgen train --config=my_digits.py - trainer.max_iter=500
+"""
+
+
+def _template(name: str) -> Template:
+    from importlib import resources
+
+    return Template(resources.files("fastgen.templates").joinpath(name).read_text())
+
+
+def _write_new(path: Path, text: str, force: bool) -> None:
+    from fastgen.utils.errors import UsageError
+    from fastgen.utils.io import atomic_write_text
+
+    if path.exists() and not force:
+        raise UsageError(f"{path} exists already; use --force to overwrite it")
+    try:
+        atomic_write_text(path, text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def init(
+    name: str = typer.Argument(..., help="Path of the new config (the .py suffix is added when missing)."),
+    from_recipe: str = typer.Option(DEFAULT_RECIPE, "--from", help="Built-in recipe to start from."),
+    callback: bool = typer.Option(False, "--callback", help="Also scaffold a custom callback and register it."),
+    env: bool = typer.Option(False, "--env", help="Also write .env from the template (if none exists)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+) -> None:
+    """Scaffold a custom experiment config from a built-in recipe."""
+    from fastgen.configs.config_utils import list_recipes, resolve_recipe
+    from fastgen.configs.schema import did_you_mean
+    from fastgen.utils.errors import UsageError
+
+    path = Path(name if name.endswith(".py") else f"{name}.py")
+    stem = path.stem
+    if not stem.isidentifier():
+        raise UsageError(f"{stem!r} is not a valid Python module name (use letters, digits and underscores)")
+    recipe_file = resolve_recipe(from_recipe)
+    if recipe_file is None:
+        raise UsageError(f"no built-in recipe {from_recipe!r}; {did_you_mean(from_recipe, list_recipes())}")
+    recipe = str(recipe_file.relative_to(recipe_file.parents[1]).with_suffix("")).replace("\\", "/")
+    base_module = "fastgen.configs.experiments." + recipe.replace("/", ".")
+    from fastgen.configs.config_utils import load_config
+
+    batch_size = load_config(recipe).dataloader_train.batch_size
+
+    files: list[tuple[Path, str]] = []
+    callback_import = callback_registration = ""
+    if callback:
+        class_name = "".join(part.capitalize() for part in re.split(r"_+", stem) if part) + "Callback"
+        callback_path = path.with_name(f"{stem}_callback.py")
+        files.append((callback_path, _template("callback.py.tmpl").substitute(name=stem, class_name=class_name)))
+        callback_import = (
+            "from fastgen.configs.instantiate import LazyCall\n"
+            f"from {stem}_callback import {class_name}\n"
+        )
+        callback_registration = (
+            f"    config.trainer.callbacks.update({{\"{stem}\": LazyCall({class_name})(every=100)}})\n"
+        )
+    files.insert(0, (path, _template("experiment.py.tmpl").substitute(
+        name=stem, recipe=recipe, base_module=base_module, config_path=path.as_posix(), batch_size=batch_size,
+        callback_import=callback_import, callback_registration=callback_registration,
+    )))
+    if env:
+        files.append((Path(".env"), _template("env.example").template))
+    for target, _ in files:  # refuse before writing anything
+        if target.exists() and not force:
+            raise UsageError(f"{target} exists already; use --force to overwrite it")
+    for target, text in files:
+        _write_new(target, text, force=True)
+        console().print(f"wrote {target}")
+    console().print(f"next: fastgen train --config={path.as_posix()} - trainer.max_iter=100")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("init", epilog=EPILOG)(init)

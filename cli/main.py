@@ -1,0 +1,83 @@
+"""The ``fastgen`` command: train and distill diffusion models.
+
+Each command lives in its own module; this one wires them into one Typer app and maps failures to exit codes:
+0 ok, 1 runtime failure, 2 usage or config error. Expected errors print one line; ``FASTGEN_DEBUG=1`` shows
+the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+import typer
+
+from fastgen.cli import dryrun as dryrun_cmd
+from fastgen.cli import env as env_cmd
+from fastgen.cli import init as init_cmd
+from fastgen.cli import train as train_cmd
+
+app = typer.Typer(
+    name="fastgen",
+    help="Train diffusion models and distill them into 1-4 step generators.\n\n"
+    "Quick start: [bold]fastgen train[/bold] (trains the digits recipe on CPU).",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from fastgen import __version__
+
+        typer.echo(f"fastgen {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
+                                           help="Show the version and exit."),
+) -> None:
+    """Train diffusion models and distill them into 1-4 step generators."""
+
+
+train_cmd.register(app)
+dryrun_cmd.register(app)
+init_cmd.register(app)
+env_cmd.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    from fastgen.utils.errors import FastGenError
+
+    debug = os.environ.get("FASTGEN_DEBUG") == "1"
+    try:
+        app(args=argv, prog_name="fastgen")
+    except FastGenError as exc:
+        if debug:
+            raise
+        from fastgen.cli.common import print_error
+
+        print_error(str(exc))
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        from fastgen.cli.common import print_error
+
+        print_error("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 1
+        if debug:
+            raise
+        from fastgen.cli.common import print_error
+
+        print_error(f"{type(exc).__name__}: {exc} (run with FASTGEN_DEBUG=1 for the traceback)")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

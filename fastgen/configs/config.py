@@ -1,0 +1,143 @@
+"""Base config classes: ``BaseConfig`` and its parts (model, trainer, checkpointer, logging).
+
+Every class is strict (see ``fastgen.configs.schema``): a misspelled field is an ``AttributeError`` with the
+closest names, and every mutable default comes from a factory. Defaults name their targets as import-path
+strings, so this module imports no model, network or callback class.
+
+Method configs (``fastgen/configs/methods/``) subclass ``BaseModelConfig``; experiment configs
+(``fastgen/configs/experiments/``) are Python files whose ``create_config()`` returns a ``BaseConfig``.
+
+Fields that matter for scaling:
+
+* ``trainer.batch_size_global`` - samples per optimizer step over all ranks. With per-rank batch ``B`` from
+  ``dataloader_train.batch_size`` and ``W`` ranks, the trainer runs ``batch_size_global / (B * W)`` gradient
+  accumulation rounds per step (it must divide exactly). ``None`` means one round.
+* ``trainer.ddp`` / ``trainer.fsdp`` - torchrun distributes training only when one of them is set.
+* ``model.precision`` - dtype of the networks' weights (``float32``, ``bfloat16``, ``float16``).
+* ``model.meta_init`` - build networks on the meta device and materialise them later (large models).
+* ``model.torch_compile_mode`` - ``torch.compile`` mode for the student network, ``None`` for eager.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Optional, Union
+
+import attrs
+from omegaconf import DictConfig, OmegaConf
+
+from fastgen.configs.instantiate import LazyCall
+from fastgen.configs.schema import StrictConfig, config_class
+
+WandbMode = Literal["auto", "online", "offline", "disabled"]
+
+
+def _empty_dict() -> DictConfig:
+    return OmegaConf.create({})
+
+
+@config_class
+class LogConfig(StrictConfig):
+    """Where a run writes and how it is named. ``save_path`` is ``$FASTGEN_OUTPUT_ROOT/{project}/{group}/{name}``."""
+
+    project: str = "fastgen"
+    group: str = "default"
+    # None: the config file's name (set by the loader), e.g. "config_sft_digits".
+    name: Optional[str] = None
+    # auto: online when a W&B API key is available, otherwise offline (with a hint to `wandb sync`).
+    wandb_mode: WandbMode = "auto"
+    wandb_entity: Optional[str] = None
+
+    @property
+    def save_path(self) -> str:
+        root = os.environ.get("FASTGEN_OUTPUT_ROOT", "./FASTGEN_OUTPUT")
+        return os.path.join(root, self.project, self.group, self.name or "unnamed")
+
+
+@config_class
+class CheckpointerConfig(StrictConfig):
+    """Checkpoint storage. A relative ``save_dir`` lives in the run directory (or in ``s3_container``)."""
+
+    save_dir: str = "checkpoints"
+    use_s3: bool = False
+    s3_container: Optional[str] = None
+    # Weights to start a *new* run from (e.g. a teacher, or a monolithic checkpoint for an FSDP run).
+    pretrained_ckpt_path: Optional[str] = None
+    # Keep only the newest N checkpoints (None keeps all).
+    keep_last_n: Optional[int] = None
+
+
+@config_class
+class BaseTrainerConfig(StrictConfig):
+    """The training loop: length, logging, checkpoints, validation, callbacks, distribution."""
+
+    max_iter: int = 1000  # optimizer steps in total, restored iterations included
+    logging_iter: int = 100
+    save_ckpt_iter: int = 500
+    validation_iter: Optional[int] = None  # None: no validation during training
+    max_val_iter: int = 4  # validation batches per validation
+    batch_size_global: Optional[int] = None
+    seed: int = 0
+    resume: bool = True
+    device: str = "auto"  # auto: CUDA when available, else CPU
+    ddp: bool = False
+    fsdp: bool = False
+    callbacks: DictConfig = attrs.field(factory=_empty_dict)
+    checkpointer: CheckpointerConfig = attrs.field(factory=CheckpointerConfig)
+
+
+def _default_optimizer() -> DictConfig:
+    return LazyCall("torch.optim.Adam")(lr=1e-3, betas=[0.9, 0.999], eps=1e-8)
+
+
+@config_class
+class BaseModelConfig(StrictConfig):
+    """What a method builds: networks, optimizers, EMA, precision, sampling defaults."""
+
+    net: Optional[DictConfig] = None  # LazyCall of the network (backbone + noise schedule)
+    net_optimizer: DictConfig = attrs.field(factory=_default_optimizer)
+    net_scheduler: Optional[DictConfig] = None  # LazyCall of an LR scheduler taking `optimizer`
+    input_shape: list[int] = attrs.field(factory=lambda: [1, 8, 8])
+    num_classes: int = 0  # 0: unconditional
+    # True (one EMA network named "ema") or the EMA networks' names; W&B samples come from the first one.
+    use_ema: Union[bool, list[str]] = False
+    precision: Literal["float32", "bfloat16", "float16"] = "float32"
+    sample_steps: int = 18  # deterministic Heun steps for sampling (2*steps-1 network evaluations)
+    guidance_scale: Optional[float] = None
+    meta_init: bool = False
+    torch_compile_mode: Optional[str] = None
+    pretrained_model_path: Optional[str] = None
+
+    @property
+    def ema_names(self) -> list[str]:
+        if self.use_ema is True:
+            return ["ema"]
+        if not self.use_ema:
+            return []
+        return list(self.use_ema)
+
+
+def _default_model_class() -> DictConfig:
+    return LazyCall("fastgen.methods.sft.SFTModel")()
+
+
+@config_class
+class BaseConfig(StrictConfig):
+    """A whole run. ``model_class`` is a LazyCall: ``instantiate(config.model_class, config=config.model)``."""
+
+    model: BaseModelConfig = attrs.field(factory=BaseModelConfig)
+    model_class: DictConfig = attrs.field(factory=_default_model_class)
+    trainer: BaseTrainerConfig = attrs.field(factory=BaseTrainerConfig)
+    dataloader_train: Optional[DictConfig] = None
+    dataloader_val: Optional[DictConfig] = None
+    log_config: LogConfig = attrs.field(factory=LogConfig)
+    credentials_dir: str = "./credentials/"
+
+
+__all__ = [
+    "BaseConfig",
+    "BaseModelConfig",
+    "BaseTrainerConfig",
+    "CheckpointerConfig",
+    "LogConfig",
+]

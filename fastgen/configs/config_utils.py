@@ -1,0 +1,429 @@
+"""Load, override, validate and serialize configs.
+
+* ``load_config(spec)`` - ``spec`` is a ``.py`` file defining ``create_config()`` (relative, ``./``-prefixed or
+  absolute, from any working directory), a run's ``config.yaml``, or a built-in recipe name such as
+  ``Digits/config_sft_digits``.
+* ``apply_overrides(config, ["trainer.max_iter=10", ...])`` - Hydra's grammar: ``key=value`` changes a key the
+  config defines, ``+key=value`` adds one it does not, ``++key=value`` does either, ``key=null`` sets ``None``,
+  ``~key`` (or ``~key=value``) deletes a key of a dict node. An unknown key fails with the closest valid names,
+  a wrong type names the field and its expected type. Fields of the attrs classes cannot be added or deleted
+  (the schema is strict); keys inside dict nodes (LazyCall arguments, ``trainer.callbacks``) can.
+  To *replace* a whole dict rather than merge into it, assign it: ``trainer.callbacks={}`` then ``+...``.
+* ``config_to_yaml`` / ``load_config("…/config.yaml")`` - a round trip that gives an equal config: typed values,
+  targets as import paths, the config classes recorded in ``_class_`` where they differ from the schema.
+  Secrets are redacted (see ``redact``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from fastgen.configs.config import BaseConfig
+from fastgen.configs.schema import (
+    CoercionError,
+    build_from_mapping,
+    coerce,
+    did_you_mean,
+    field_types,
+    to_plain,
+    validate_tree,
+)
+from fastgen.utils.errors import ConfigError
+
+EXPERIMENTS_PACKAGE = "fastgen.configs.experiments"
+REDACTED = "<redacted>"
+_SECRET_KEY = re.compile(r"(api_?key|secret|token|password|passwd|credential)", re.IGNORECASE)
+_SECRET_ENV_VARS = (
+    "WANDB_API_KEY",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "OPENAI_API_KEY",
+)
+
+
+# --------------------------------------------------------------------------------------------------- loading
+def experiments_root() -> Path:
+    return Path(importlib.import_module(EXPERIMENTS_PACKAGE).__file__).parent  # type: ignore[arg-type]
+
+
+def list_recipes() -> list[str]:
+    """Built-in recipe names, e.g. ``Digits/config_sft_digits``."""
+    root = experiments_root()
+    return sorted(
+        str(p.relative_to(root).with_suffix("")).replace(os.sep, "/")
+        for p in root.rglob("config_*.py")
+    )
+
+
+def resolve_recipe(name: str) -> Path | None:
+    """Map a recipe name (``Digits/config_sft_digits``, ``Digits.config_sft_digits`` or a unique
+    ``config_sft_digits``) to its file, or ``None``."""
+    key = name.removesuffix(".py").replace(".", "/").strip("/")
+    recipes = list_recipes()
+    if key in recipes:
+        return experiments_root() / f"{key}.py"
+    matches = [r for r in recipes if r.split("/")[-1] == key or r.split("/")[-1] == f"config_{key}"]
+    if len(matches) == 1:
+        return experiments_root() / f"{matches[0]}.py"
+    if len(matches) > 1:
+        raise ConfigError(f"recipe name {name!r} is ambiguous: {', '.join(matches)}")
+    return None
+
+
+def _module_name_for(path: Path) -> str | None:
+    """The dotted module name under which ``path`` is importable from the working directory, if any."""
+    try:
+        rel = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        rel = None
+    if rel is not None and all(part.isidentifier() for part in rel.with_suffix("").parts):
+        return ".".join(rel.with_suffix("").parts)
+    # Built-in recipes are importable by their package path wherever the command runs.
+    pkg_root = Path(importlib.import_module("fastgen").__file__).parent.parent  # type: ignore[arg-type]
+    try:
+        rel = path.resolve().relative_to(pkg_root.resolve())
+    except ValueError:
+        return None
+    parts = rel.with_suffix("").parts
+    if parts and parts[0] == "fastgen" and all(p.isidentifier() for p in parts):
+        return ".".join(parts)
+    return None
+
+
+def _import_config_module(path: Path) -> Any:
+    """Import a config file as a module. Under the working directory it gets its dotted path as its name (so
+    classes defined in it have importable targets, and the seed's ``--config=fastgen/configs/...`` imports the
+    real recipe module); elsewhere a stable synthetic name."""
+    name = _module_name_for(path)
+    if name is not None:
+        cwd = str(Path.cwd())
+        if cwd not in sys.path:
+            sys.path.insert(0, cwd)
+        try:
+            module = importlib.import_module(name)
+            if Path(module.__file__ or "").resolve() == path.resolve():
+                return module
+        except ImportError:
+            pass
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
+    name = f"fastgen_user_config_{path.stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import config file {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    # A config beside helper modules (``from my_helpers import ...``) imports them from its own folder.
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def _config_from_python(path: Path) -> BaseConfig:
+    try:
+        module = _import_config_module(path)
+    except ConfigError:
+        raise
+    except SyntaxError as exc:
+        raise ConfigError(f"config file {path} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+    except ImportError as exc:
+        raise ConfigError(f"config file {path} failed to import: {exc}") from None
+    create = getattr(module, "create_config", None)
+    if not callable(create):
+        raise ConfigError(f"config file {path} does not define create_config()")
+    config = create()
+    if not isinstance(config, BaseConfig):
+        raise ConfigError(
+            f"create_config() in {path} returned {type(config).__name__}, expected a BaseConfig"
+        )
+    if config.log_config.name is None:
+        config.log_config.name = path.stem
+    return config
+
+
+def config_from_yaml(path: Path) -> BaseConfig:
+    """Load a ``config.yaml`` written by ``config_to_yaml`` (e.g. a run's ``config.yaml``)."""
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception as exc:  # omegaconf/yaml raise several types for malformed files
+        raise ConfigError(f"cannot parse {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} does not hold a config mapping")
+    return build_from_mapping(BaseConfig, data)
+
+
+def load_config(spec: str | os.PathLike[str]) -> BaseConfig:
+    """Load a config from a ``.py`` file, a ``config.yaml`` or a built-in recipe name."""
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {text}")
+        return config_from_yaml(path)
+    if path.suffix == ".py" or os.sep in text or path.exists():
+        if path.is_file():
+            return _config_from_python(path)
+        recipe = resolve_recipe(text) if path.suffix != ".py" or not path.is_absolute() else None
+        if recipe is None:
+            recipe = _recipe_from_package_path(text)
+        if recipe is not None:
+            return _config_from_python(recipe)
+        raise ConfigError(f"config file not found: {text}")
+    recipe = resolve_recipe(text)
+    if recipe is None:
+        raise ConfigError(
+            f"no config file or built-in recipe named {text!r}; {did_you_mean(text, list_recipes())}"
+        )
+    return _config_from_python(recipe)
+
+
+def _recipe_from_package_path(text: str) -> Path | None:
+    """``fastgen/configs/experiments/X/config_y.py`` names a built-in recipe from any working directory."""
+    marker = "fastgen/configs/experiments/"
+    norm = text.replace(os.sep, "/")
+    if marker in norm:
+        return resolve_recipe(norm.split(marker, 1)[1])
+    return None
+
+
+# ------------------------------------------------------------------------------------------------- overrides
+def strip_separator(args: Iterable[str]) -> list[str]:
+    """Drop the seed's lone ``-`` separator (``--config=f.py - key=value``); it is accepted, not required."""
+    return [a for a in args if a != "-"]
+
+
+def _parse(overrides: list[str]) -> list[Any]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for text in overrides:
+        try:
+            parsed.extend(parser.parse_overrides([text]))
+        except OverrideParseException as exc:
+            message = str(exc).splitlines()[0]
+            raise ConfigError(f"cannot parse override {text!r}: {message}") from None
+    return parsed
+
+
+def _children(node: Any) -> list[str]:
+    if attrs.has(type(node)):
+        return [f.name for f in attrs.fields(type(node))]
+    if isinstance(node, (DictConfig, Mapping)):
+        return [str(k) for k in node.keys()]
+    return []
+
+
+def _family(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, (list, tuple, ListConfig)):
+        return "list"
+    if isinstance(value, (Mapping, DictConfig)):
+        return "dict"
+    return type(value).__name__
+
+
+def _set_in_dict(node: MutableMapping[str, Any] | DictConfig, key: str, value: Any, where: str) -> None:
+    old = node[key] if key in node else None
+    if old is not None and value is not None:
+        old_family, new_family = _family(old), _family(value)
+        if old_family != new_family and old_family != "str":
+            raise ConfigError(
+                f"{where}: expected {old_family} like the current value {old!r}, got {value!r}"
+            )
+    if isinstance(node, DictConfig):
+        with _open_struct(node):
+            node[key] = value
+    else:
+        node[key] = value
+
+
+class _open_struct:
+    def __init__(self, node: DictConfig) -> None:
+        self.node = node
+
+    def __enter__(self) -> None:
+        self.flag = self.node._get_node_flag("struct")  # noqa: SLF001 - omegaconf's public flag API is per key
+        OmegaConf.set_struct(self.node, False)
+
+    def __exit__(self, *exc: object) -> None:
+        OmegaConf.set_struct(self.node, self.flag)
+
+
+def _apply_one(config: BaseConfig, override: Any, raw: str) -> None:
+    key: str = override.key_or_group
+    if override.package is not None:
+        raise ConfigError(f"override {raw!r}: package syntax '@' is not supported")
+    parts = key.split(".")
+    node: Any = config
+    walked: list[str] = []
+    for i, part in enumerate(parts[:-1]):
+        walked.append(part)
+        where = ".".join(walked)
+        if attrs.has(type(node)):
+            if part not in attrs.fields_dict(type(node)):
+                raise ConfigError(f"unknown key {where!r}; {did_you_mean(part, _children(node))}")
+            child = getattr(node, part)
+        elif isinstance(node, (DictConfig, Mapping)):
+            if part not in node:
+                if override.is_add() or override.is_force_add():
+                    node[part] = OmegaConf.create({}) if isinstance(node, DictConfig) else {}
+                else:
+                    raise ConfigError(f"unknown key {where!r}; {did_you_mean(part, _children(node))}")
+            child = node[part]
+        else:
+            raise ConfigError(f"cannot set {key!r}: {'.'.join(walked[:-1]) or 'config'} is not a config node")
+        if child is None:
+            raise ConfigError(
+                f"cannot set {key!r}: {where} is null; set the whole node first, e.g. {where}={{...}}"
+            )
+        node = child
+    leaf = parts[-1]
+    value = override.value()
+    has_value = "=" in raw
+    if isinstance(value, (dict, list)):
+        value = _plain_value(value)
+
+    if attrs.has(type(node)):
+        fields = field_types(type(node))
+        if leaf not in fields:
+            if override.is_add():
+                raise ConfigError(
+                    f"cannot add {key!r}: {type(node).__name__} is a strict config class and has no such field; "
+                    f"{did_you_mean(leaf, fields)}"
+                )
+            raise ConfigError(f"unknown key {key!r}; {did_you_mean(leaf, fields)}")
+        if override.is_delete():
+            raise ConfigError(f"cannot delete {key!r}: it is a field of {type(node).__name__}; set {key}=null instead")
+        if override.is_add():
+            raise ConfigError(f"cannot add {key!r}: it already exists; use {key}=... or ++{key}=...")
+        try:
+            setattr(node, leaf, coerce(value, fields[leaf]))
+        except CoercionError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+        return
+
+    if not isinstance(node, (DictConfig, MutableMapping)):
+        raise ConfigError(f"cannot set {key!r}: its parent is not a config node")
+    exists = leaf in node
+    if override.is_delete():
+        if not exists:
+            raise ConfigError(f"cannot delete {key!r}: no such key; {did_you_mean(leaf, _children(node))}")
+        if has_value and node[leaf] != value:
+            raise ConfigError(f"cannot delete {key!r}: its value is {node[leaf]!r}, not {value!r}")
+        del node[leaf]
+        return
+    if override.is_add() and exists:
+        raise ConfigError(f"cannot add {key!r}: it already exists; use {key}=... or ++{key}=...")
+    if not exists and not (override.is_add() or override.is_force_add()):
+        raise ConfigError(
+            f"unknown key {key!r}; {did_you_mean(leaf, _children(node))} (use +{key}=... to add a new key)"
+        )
+    _set_in_dict(node, leaf, value, key)
+
+
+def _plain_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_value(v) for v in value]
+    return value
+
+
+def apply_overrides(config: BaseConfig, overrides: Iterable[str]) -> BaseConfig:
+    """Apply Hydra-grammar overrides in order (in place) and return the config."""
+    raw = strip_separator(overrides)
+    for text in raw:
+        if text.startswith("-"):
+            raise ConfigError(f"unexpected option {text!r} among the overrides")
+    for text, parsed in zip(raw, _parse(raw)):
+        _apply_one(config, parsed, text)
+    return config
+
+
+# --------------------------------------------------------------------------------------------- validation
+def validate_config(config: BaseConfig) -> BaseConfig:
+    """Check types everywhere and the cross-field rules a run depends on; raise ``ConfigError``."""
+    if not isinstance(config, BaseConfig):
+        raise ConfigError(f"expected a BaseConfig, got {type(config).__name__}")
+    validate_tree(config)
+    t = config.trainer
+    for name in ("max_iter", "logging_iter", "save_ckpt_iter", "max_val_iter"):
+        if getattr(t, name) < (0 if name == "max_iter" else 1):
+            raise ConfigError(f"trainer.{name} must be positive, got {getattr(t, name)}")
+    if t.validation_iter is not None and t.validation_iter < 1:
+        raise ConfigError(f"trainer.validation_iter must be positive or null, got {t.validation_iter}")
+    if t.batch_size_global is not None and t.batch_size_global < 1:
+        raise ConfigError(f"trainer.batch_size_global must be positive or null, got {t.batch_size_global}")
+    if config.model.net is None:
+        raise ConfigError("model.net is not set: the config must say which network to train")
+    if config.dataloader_train is None:
+        raise ConfigError("dataloader_train is not set")
+    for name, node in (t.callbacks or {}).items():
+        if not (isinstance(node, (DictConfig, Mapping)) and "_target_" in node):
+            raise ConfigError(f"trainer.callbacks.{name} is not a LazyCall node (it needs a _target_)")
+    if config.log_config.name is not None and ("/" in config.log_config.name or config.log_config.name in ("", ".", "..")):
+        raise ConfigError(f"log_config.name must be a plain folder name, got {config.log_config.name!r}")
+    return config
+
+
+# ------------------------------------------------------------------------------------------- serialization
+def _secret_values() -> set[str]:
+    return {v for v in (os.environ.get(k) for k in _SECRET_ENV_VARS) if v}
+
+
+def redact(node: Any, secrets: set[str] | None = None, key: str = "") -> Any:
+    """Replace secret-looking values in a plain tree: any value under a key that names a secret (api_key,
+    token, secret, password, ...) and any string equal to a credential found in the environment."""
+    secrets = _secret_values() if secrets is None else secrets
+    if isinstance(node, dict):
+        return {k: redact(v, secrets, str(k)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [redact(v, secrets, key) for v in node]
+    if isinstance(node, str) and node:
+        if _SECRET_KEY.search(key) or node in secrets:
+            return REDACTED
+    return node
+
+
+def config_to_dict(config: BaseConfig, redact_secrets: bool = True) -> dict[str, Any]:
+    plain = to_plain(config)
+    return redact(plain) if redact_secrets else plain
+
+
+def config_to_yaml(config: BaseConfig, redact_secrets: bool = True) -> str:
+    return OmegaConf.to_yaml(OmegaConf.create(config_to_dict(config, redact_secrets)))
+
+
+def save_config_yaml(config: BaseConfig, path: str | os.PathLike[str]) -> None:
+    """Write ``config.yaml`` atomically (temp file + rename), secrets redacted."""
+    from fastgen.utils.io import atomic_write_text
+
+    atomic_write_text(Path(path), config_to_yaml(config))

@@ -1,0 +1,145 @@
+"""The method base class shared by every training / distillation method.
+
+A method is an ``nn.Module`` built from ``config.model``. It owns the trained network ``net``, its EMA copies
+(``model.use_ema``; updated by ``EMACallback``), and - in subclasses - teachers, fake-score networks and
+discriminators. The trainer only relies on this contract:
+
+* ``model_dict`` - the modules a checkpoint stores, by name (``net``, ``ema``, ...);
+* ``init_optimizers()``, ``optimizer_dict`` and ``scheduler_dict`` - keyed by the module they train;
+* ``get_optimizers(iteration)`` - the names stepped this iteration (GAN-style methods alternate);
+* ``single_train_step(data, iteration) -> (loss_dict, outputs)`` with ``loss_dict["total_loss"]``;
+* ``validation_step(data, iteration) -> loss_dict`` (networks are in eval mode, gradients off);
+* ``generator_fn(net, noise, steps, condition)`` and ``sample(...)`` - how samples are drawn.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from fastgen.configs.instantiate import instantiate
+from fastgen.networks.diffusion_net import DiffusionNet
+from fastgen.networks.layers import as_one_hot
+from fastgen.networks.noise_schedules import NoiseScheduler
+from fastgen.networks.sampling import heun_sample
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class FastGenModel(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.precision = _DTYPES[config.precision]
+        self.net: DiffusionNet = instantiate(config.net)
+        self.net.to(self.precision)
+        self.ema_nets = nn.ModuleDict()
+        for name in config.ema_names:
+            if name in ("net",):
+                raise ValueError("an EMA network cannot be named 'net'")
+            ema = copy.deepcopy(self.net).requires_grad_(False).eval()
+            self.ema_nets[name] = ema
+        self.num_classes = int(config.num_classes)
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.schedulers: dict[str, Any] = {}
+
+    # ---- what the trainer checkpoints and steps ------------------------------------------------------------
+    @property
+    def noise_scheduler(self) -> NoiseScheduler:
+        return self.net.noise_scheduler
+
+    @property
+    def model_dict(self) -> dict[str, nn.Module]:
+        return {"net": self.net, **dict(self.ema_nets.items())}
+
+    @property
+    def trainable_modules(self) -> dict[str, nn.Module]:
+        """Modules with an optimizer, by the optimizer's name."""
+        return {"net": self.net}
+
+    def init_optimizers(self) -> None:
+        """Build ``optimizer_dict`` / ``scheduler_dict`` (after the model is on its device)."""
+        self.optimizers["net"] = instantiate(self.config.net_optimizer, params=self.net.parameters())
+        if self.config.net_scheduler is not None:
+            self.schedulers["net"] = instantiate(self.config.net_scheduler, optimizer=self.optimizers["net"])
+
+    @property
+    def optimizer_dict(self) -> dict[str, torch.optim.Optimizer]:
+        return self.optimizers
+
+    @property
+    def scheduler_dict(self) -> dict[str, Any]:
+        return self.schedulers
+
+    def get_optimizers(self, iteration: int) -> list[str]:
+        """Names of the optimizers stepped at ``iteration`` (all of them by default)."""
+        return list(self.optimizers)
+
+    # ---- training ------------------------------------------------------------------------------------------
+    def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        raise NotImplementedError
+
+    def validation_step(self, data: dict[str, Any], iteration: int) -> dict[str, torch.Tensor]:
+        loss_dict, _ = self.single_train_step(data, iteration)
+        return loss_dict
+
+    def condition_of(self, data: dict[str, Any]) -> torch.Tensor | None:
+        if self.num_classes <= 0:
+            return None
+        return data.get("condition")
+
+    # ---- sampling ------------------------------------------------------------------------------------------
+    def sampling_net(self) -> nn.Module:
+        """The network samples come from: the first EMA network when ``use_ema`` is set, else ``net``."""
+        if len(self.ema_nets):
+            return next(iter(self.ema_nets.values()))
+        return self.net
+
+    def flow_fn(self, net: nn.Module, condition: torch.Tensor | None, guidance_scale: float | None = None):
+        """``(x, t) -> dx/dt``, with classifier-free guidance ``u + s (c - u)`` (Ho & Salimans 2022, Eq. 6)
+        when ``guidance_scale`` is set and the model is conditional."""
+
+        def flow(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            if guidance_scale is None or condition is None:
+                return net(x, t, condition=condition, fwd_pred_type="flow")
+            cond = as_one_hot(condition, self.num_classes)
+            both = net(torch.cat([x, x]), torch.cat([t, t]), condition=torch.cat([cond, torch.zeros_like(cond)]), fwd_pred_type="flow")
+            c, u = both.chunk(2)
+            return u + guidance_scale * (c - u)
+
+        return flow
+
+    def generator_fn(self, net: nn.Module, noise: torch.Tensor, steps: int | None = None,
+                     condition: torch.Tensor | None = None) -> torch.Tensor:
+        """Deterministic Heun sampling of the probability-flow ODE from ``noise`` (= ``x_{t_max}``)."""
+        steps = steps or self.config.sample_steps
+        flow = self.flow_fn(net, condition, self.config.guidance_scale)
+        return heun_sample(flow, noise, self.noise_scheduler, steps)
+
+    def sample_labels(self, n: int, device: torch.device) -> torch.Tensor | None:
+        """Balanced labels ``0, 1, ..., C-1, 0, ...`` for conditional sample grids."""
+        if self.num_classes <= 0:
+            return None
+        return torch.arange(n, device=device) % self.num_classes
+
+    @torch.no_grad()
+    def sample(self, n: int, generator: torch.Generator | None = None, net: nn.Module | None = None,
+               steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``n`` samples (and their labels) from ``net`` (default: ``sampling_net()``), using ``generator`` only,
+        so drawing samples for a log never disturbs the training random stream."""
+        net = net or self.sampling_net()
+        device = next(self.net.parameters()).device
+        shape = (n, *self.config.input_shape)
+        noise = self.noise_scheduler.prior_sample(shape, device="cpu", dtype=torch.float32, generator=generator)
+        noise = noise.to(device=device, dtype=self.precision)
+        labels = self.sample_labels(n, device)
+        was_training = net.training
+        net.eval()
+        try:
+            samples = self.generator_fn(net, noise, steps, labels)
+        finally:
+            net.train(was_training)
+        return samples.float(), labels

@@ -1,0 +1,74 @@
+"""The network contract: a backbone wrapped with its noise schedule's preconditioning.
+
+``DiffusionNet.forward(x_t, t, condition=None, r=None, feature_indices=None, return_logvar=False,
+fwd_pred_type=None)`` returns the schedule's native prediction (``x0`` for EDM, ``flow`` for rectified flow), or
+the one named by ``fwd_pred_type``. The backbone sees ``F(c_in * x_t, c_noise, condition, r)`` and the output is
+``c_skip * x_t + c_out * F`` (Karras et al. 2022, Eq. 7). ``r`` is a second time input for methods that need it
+(MeanFlow's interval start); ``feature_indices`` asks the backbone for intermediate features (discriminator
+heads); ``return_logvar`` returns the EDM2 per-time uncertainty ``u(sigma)`` (Karras et al. 2024, Eq. 21) when
+the backbone provides one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from fastgen.networks.noise_schedules import NoiseScheduler, expand_like
+
+
+class DiffusionNet(nn.Module):
+    def __init__(self, backbone: nn.Module, noise_scheduler: NoiseScheduler) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.noise_scheduler = noise_scheduler
+
+    @property
+    def native_pred_type(self) -> str:
+        return self.noise_scheduler.native_pred_type
+
+    def forward(
+        self,
+        x_t: torch.Tensor,
+        t: torch.Tensor,
+        condition: torch.Tensor | None = None,
+        r: torch.Tensor | None = None,
+        feature_indices: list[int] | None = None,
+        return_logvar: bool = False,
+        fwd_pred_type: str | None = None,
+    ) -> Any:
+        if t.dim() == 0:
+            t = t.expand(x_t.shape[0])
+        t = t.to(x_t.dtype)
+        c_skip, c_out, c_in, c_noise = self.noise_scheduler.precondition(t)
+        c_noise_r = None if r is None else self.noise_scheduler.precondition(r.to(x_t.dtype))[3]
+        out = self.backbone(
+            expand_like(c_in, x_t) * x_t,
+            c_noise,
+            condition=condition,
+            r_noise=c_noise_r,
+            feature_indices=feature_indices,
+            return_logvar=return_logvar,
+        )
+        features = logvar = None
+        if isinstance(out, tuple):
+            out, extras = out[0], out[1:]
+            if feature_indices is not None:
+                features, extras = extras[0], extras[1:]
+            if return_logvar:
+                logvar = extras[0]
+        elif return_logvar:
+            raise ValueError(f"{type(self.backbone).__name__} does not predict a log-variance")
+        pred = expand_like(c_skip, x_t) * x_t + expand_like(c_out, x_t) * out.to(x_t.dtype)
+        if fwd_pred_type is not None and fwd_pred_type != self.native_pred_type:
+            pred = self.noise_scheduler.convert(pred, x_t, t, self.native_pred_type, fwd_pred_type)
+        if features is None and logvar is None:
+            return pred
+        result: tuple[Any, ...] = (pred,)
+        if features is not None:
+            result += (features,)
+        if logvar is not None:
+            result += (logvar,)
+        return result

@@ -1,0 +1,203 @@
+"""Noise schedules: how clean data ``x0`` and noise ``eps`` mix at time ``t``, and how predictions convert.
+
+Every schedule here is a linear interpolant ``x_t = alpha(t) * x0 + sigma(t) * eps`` (Kingma et al. 2021, Eq. 1;
+Lipman et al. 2023). From it, any of four prediction types determines the other three given ``x_t``:
+
+* ``x0``   - the clean sample (EDM's denoiser ``D``);
+* ``eps``  - the noise;
+* ``v``    - ``alpha * eps - sigma * x0`` (Salimans & Ho 2022, Sec. 4);
+* ``flow`` - the probability-flow ODE velocity ``dx_t/dt = alpha'(t) x0 + sigma'(t) eps``
+  (Karras et al. 2022, Eq. 4 with ``s=1``; Lipman et al. 2023, Eq. 15). For rectified flow ``flow = eps - x0``.
+
+Conversion solves the 2x2 linear system ``[x_t, p] = M [x0, eps]`` (``convert``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+PredType = Literal["x0", "eps", "v", "flow"]
+PRED_TYPES: tuple[str, ...] = ("x0", "eps", "v", "flow")
+
+
+def expand_like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Reshape a per-sample ``(B,)`` tensor to broadcast against ``x`` of shape ``(B, ...)``."""
+    return t.reshape(t.shape[0], *([1] * (x.dim() - 1))).to(x.dtype)
+
+
+class NoiseScheduler:
+    """Base class. Subclasses define ``alpha``, ``sigma`` and their time derivatives, the training-time
+    distribution, the sampling grid and the network preconditioning."""
+
+    native_pred_type: PredType = "x0"
+    t_min: float = 0.0
+    t_max: float = 1.0
+
+    # ---- the interpolant -------------------------------------------------------------------------------
+    def alpha(self, t: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def sigma(self, t: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def d_alpha(self, t: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def d_sigma(self, t: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def add_noise(self, x0: torch.Tensor, eps: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``x_t = alpha(t) x0 + sigma(t) eps``."""
+        return expand_like(self.alpha(t), x0) * x0 + expand_like(self.sigma(t), x0) * eps
+
+    # ---- training --------------------------------------------------------------------------------------
+    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: torch.Generator | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def loss_weight(self, t: torch.Tensor) -> torch.Tensor:
+        """Weight of the squared error on the *native* prediction at time ``t``."""
+        return torch.ones_like(t)
+
+    def prior_sample(self, shape: tuple[int, ...], device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None) -> torch.Tensor:
+        """A sample of ``x_{t_max}`` (noise at the start of sampling)."""
+        eps = torch.randn(shape, device=device, dtype=dtype, generator=generator)
+        return eps * float(self.sigma(torch.tensor(self.t_max)))
+
+    def sampling_times(self, steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """``steps + 1`` decreasing times from ``t_max`` to ``0``."""
+        raise NotImplementedError
+
+    def precondition(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(c_skip, c_out, c_in, c_noise)``: the network computes ``c_skip x + c_out F(c_in x, c_noise)``."""
+        raise NotImplementedError
+
+    # ---- conversions -----------------------------------------------------------------------------------
+    def _coefficients(self, pred_type: str, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(a, b)`` with ``prediction = a * x0 + b * eps`` for ``pred_type``."""
+        if pred_type == "x0":
+            return torch.ones_like(t), torch.zeros_like(t)
+        if pred_type == "eps":
+            return torch.zeros_like(t), torch.ones_like(t)
+        if pred_type == "v":
+            return -self.sigma(t), self.alpha(t)
+        if pred_type == "flow":
+            return self.d_alpha(t), self.d_sigma(t)
+        raise ValueError(f"unknown prediction type {pred_type!r}; use one of {', '.join(PRED_TYPES)}")
+
+    def convert(self, pred: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, src: str, dst: str) -> torch.Tensor:
+        """Convert a ``src`` prediction at ``(x_t, t)`` to ``dst`` by solving for ``(x0, eps)``."""
+        if src == dst:
+            return pred
+        alpha, sigma = self.alpha(t), self.sigma(t)
+        a, b = self._coefficients(src, t)
+        # [x_t; pred] = [[alpha, sigma], [a, b]] [x0; eps]
+        det = alpha * b - sigma * a
+        x0 = (expand_like(b, x_t) * x_t - expand_like(sigma, x_t) * pred) / expand_like(det, x_t)
+        eps = (expand_like(alpha, x_t) * pred - expand_like(a, x_t) * x_t) / expand_like(det, x_t)
+        c, d = self._coefficients(dst, t)
+        return expand_like(c, x_t) * x0 + expand_like(d, x_t) * eps
+
+    def target(self, x0: torch.Tensor, eps: torch.Tensor, t: torch.Tensor, pred_type: str | None = None) -> torch.Tensor:
+        """The regression target of ``pred_type`` (default: native) for a noised pair ``(x0, eps)``."""
+        a, b = self._coefficients(pred_type or self.native_pred_type, t)
+        return expand_like(a, x0) * x0 + expand_like(b, x0) * eps
+
+
+class EDMNoiseScheduler(NoiseScheduler):
+    """EDM (Karras et al. 2022): ``x_t = x0 + sigma * eps`` with ``t = sigma``.
+
+    * training: ``ln(sigma) ~ N(P_mean, P_std^2)`` and weight ``lambda(sigma) = (sigma^2 + sigma_data^2) /
+      (sigma * sigma_data)^2`` (Table 1, "Training");
+    * preconditioning: ``c_skip = sigma_data^2 / (sigma^2 + sigma_data^2)``, ``c_out = sigma * sigma_data /
+      sqrt(sigma^2 + sigma_data^2)``, ``c_in = 1 / sqrt(sigma^2 + sigma_data^2)``, ``c_noise = ln(sigma) / 4``
+      (Table 1, "Network and preconditioning");
+    * sampling grid: ``sigma_i = (sigma_max^(1/rho) + i/(N-1) (sigma_min^(1/rho) - sigma_max^(1/rho)))^rho``,
+      ``sigma_N = 0`` (Eq. 5).
+    """
+
+    native_pred_type: PredType = "x0"
+
+    def __init__(self, sigma_min: float = 0.002, sigma_max: float = 80.0, sigma_data: float = 0.5,
+                 P_mean: float = -1.2, P_std: float = 1.2, rho: float = 7.0) -> None:  # noqa: N803 - paper names
+        self.sigma_min, self.sigma_max, self.sigma_data = float(sigma_min), float(sigma_max), float(sigma_data)
+        self.P_mean, self.P_std, self.rho = float(P_mean), float(P_std), float(rho)
+        self.t_min, self.t_max = self.sigma_min, self.sigma_max
+
+    def alpha(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(t)
+
+    def sigma(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def d_alpha(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(t)
+
+    def d_sigma(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(t)
+
+    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: torch.Generator | None = None) -> torch.Tensor:
+        normal = torch.randn(n, device=device, generator=generator)
+        return (normal * self.P_std + self.P_mean).exp()
+
+    def loss_weight(self, t: torch.Tensor) -> torch.Tensor:
+        return (t**2 + self.sigma_data**2) / (t * self.sigma_data) ** 2
+
+    def sampling_times(self, steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        if steps < 1:
+            raise ValueError("sampling needs at least one step")
+        i = torch.arange(steps, dtype=torch.float64, device=device)
+        inv_rho = 1.0 / self.rho
+        denom = max(steps - 1, 1)
+        sigmas = (self.sigma_max**inv_rho + i / denom * (self.sigma_min**inv_rho - self.sigma_max**inv_rho)) ** self.rho
+        return torch.cat([sigmas, torch.zeros(1, dtype=torch.float64, device=device)]).float()
+
+    def precondition(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        sd2 = self.sigma_data**2
+        c_skip = sd2 / (t**2 + sd2)
+        c_out = t * self.sigma_data / (t**2 + sd2).sqrt()
+        c_in = 1.0 / (t**2 + sd2).sqrt()
+        c_noise = t.log() / 4.0
+        return c_skip, c_out, c_in, c_noise
+
+
+class RectifiedFlowScheduler(NoiseScheduler):
+    """Rectified flow / flow matching (Liu et al. 2023; Lipman et al. 2023): ``x_t = (1 - t) x0 + t eps``.
+
+    The network predicts the velocity ``flow = eps - x0`` directly (Lipman et al. 2023, Eq. 23, conditional OT
+    path). Training times are logit-normal, ``t = sigmoid(n)`` with ``n ~ N(logit_mean, logit_std^2)``
+    (Esser et al. 2024, Eq. 19); sampling uses a uniform grid from ``t_max`` to 0 with optional time shift
+    ``t' = s t / (1 + (s - 1) t)`` (Esser et al. 2024, Eq. 23).
+    """
+
+    native_pred_type: PredType = "flow"
+
+    def __init__(self, logit_mean: float = 0.0, logit_std: float = 1.0, t_max: float = 1.0, shift: float = 1.0) -> None:
+        self.logit_mean, self.logit_std, self.shift = float(logit_mean), float(logit_std), float(shift)
+        self.t_min, self.t_max = 0.0, float(t_max)
+
+    def alpha(self, t: torch.Tensor) -> torch.Tensor:
+        return 1.0 - t
+
+    def sigma(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def d_alpha(self, t: torch.Tensor) -> torch.Tensor:
+        return -torch.ones_like(t)
+
+    def d_sigma(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(t)
+
+    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: torch.Generator | None = None) -> torch.Tensor:
+        normal = torch.randn(n, device=device, generator=generator)
+        return torch.sigmoid(normal * self.logit_std + self.logit_mean) * self.t_max
+
+    def sampling_times(self, steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        if steps < 1:
+            raise ValueError("sampling needs at least one step")
+        t = torch.linspace(self.t_max, 0.0, steps + 1, device=device)
+        return self.shift * t / (1.0 + (self.shift - 1.0) * t)
+
+    def precondition(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return torch.zeros_like(t), torch.ones_like(t), torch.ones_like(t), t

@@ -1,0 +1,360 @@
+"""The training loop.
+
+``Trainer(config).run()`` builds the method, its optimizers and data, restores the newest checkpoint when
+``trainer.resume`` is set, and trains until ``trainer.max_iter`` optimizer steps have been taken in total
+(restored steps included). Every lifecycle hook of ``fastgen.callbacks.callback`` fires in this order::
+
+    on_app_begin
+    on_model_init_start -> (build model) -> on_model_init_end
+    on_optimizer_init_start -> (build optimizers, schedulers) -> on_optimizer_init_end
+    on_load_checkpoint_start -> (restore newest checkpoint, if any) -> on_load_checkpoint_end
+    on_dataloader_init_start -> (build data loaders, restore their position) -> on_dataloader_init_end
+    on_train_begin
+    repeat until iteration == max_iter:
+        on_training_step_begin
+        for each of the R accumulation rounds:
+            on_training_accum_step_begin -> forward -> on_backward_begin -> backward -> on_training_accum_step_end
+        on_optimizer_step_begin -> optimizer / scheduler steps (unless a callback skipped the step)
+        iteration += 1
+        on_training_step_end                                    (receives the completed-step count)
+        if validation is due:  on_validation_begin,
+                               (on_validation_step_begin, on_validation_step_end) x max_val_iter,
+                               on_validation_end
+        if a checkpoint is due: on_save_checkpoint_start -> (write) -> on_save_checkpoint_success
+                               -> on_save_checkpoint_end
+    on_train_end
+    on_app_end                                                  (also after an exception)
+
+Resume is exact: a checkpoint holds the model (EMA included), optimizers, schedulers, every random stream (per
+rank), the data loaders' positions and each callback's ``state_dict``; it is written after validation, so a
+run killed at any point and started again with the same command ends with bit-identical weights.
+
+Gradient accumulation: ``R = trainer.batch_size_global / (per-rank batch * world size)``; each round's loss is
+divided by ``R`` so the accumulated gradient is the mean over the global batch.
+
+Nothing here assumes one process: ranks, the device and all-reduces go through ``fastgen.utils.distributed``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastgen.callbacks.callback import Callback, CallbackDict
+from fastgen.configs.config import BaseConfig
+from fastgen.configs.instantiate import instantiate
+from fastgen.utils import distributed as dist_utils
+from fastgen.utils.checkpointer import FORMAT, Checkpointer, load_checkpoint
+from fastgen.utils.errors import CheckpointError, ConfigError
+from fastgen.utils.logging import get_logger
+from fastgen.utils.rng import capture_rng_state, restore_rng_state, seed_everything
+
+logger = get_logger(__name__)
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch
+
+
+class Trainer:
+    def __init__(self, config: BaseConfig, extra_callbacks: dict[str, Callback] | None = None) -> None:
+        self.config = config
+        self.run_dir = Path(config.log_config.save_path)
+        self.device = dist_utils.select_device(config.trainer.device)
+        self.iteration = 0
+        self.start_iteration = 0
+        self.global_batch_size = 0
+        self.accum_rounds = 1
+        self.stepping: list[str] = []
+        self.exception: BaseException | None = None
+        self.last_checkpoint: Path | None = None
+        self.last_sample_path: Path | None = None
+        self.dataloader_train: Any = None
+        self.dataloader_val: Any = None
+        self._skip_reason: str | None = None
+        self._scalars: dict[str, Any] = {}
+        self.checkpointer = Checkpointer(config.trainer.checkpointer.save_dir, self.run_dir,
+                                         config.trainer.checkpointer.keep_last_n)
+        self.callbacks = CallbackDict()
+        for name, node in config.trainer.callbacks.items():
+            try:
+                callback = instantiate(node)
+            except (ImportError, TypeError) as exc:
+                raise ConfigError(f"trainer.callbacks.{name}: {exc}") from None
+            self.callbacks.add(str(name), callback)
+        for name, callback in (extra_callbacks or {}).items():
+            self.callbacks.add(name, callback)
+        self.callbacks.bind(config, self)
+
+    # ---- API for callbacks -------------------------------------------------------------------------------
+    def skip_step(self, reason: str) -> None:
+        """Ask the trainer not to apply this iteration's optimizer step (gradients are discarded)."""
+        self._skip_reason = reason
+
+    @property
+    def step_skipped(self) -> bool:
+        return self._skip_reason is not None
+
+    def log_scalar(self, key: str, value: Any) -> None:
+        """Report a scalar for the next logging window (the W&B callback picks these up)."""
+        self._scalars[key] = value
+
+    def pop_scalars(self) -> dict[str, Any]:
+        scalars, self._scalars = self._scalars, {}
+        return scalars
+
+    # ---- the run ---------------------------------------------------------------------------------------------
+    def run(self) -> Any:
+        """Train; return the model. ``on_app_end`` runs even when training raises."""
+        cb = self.callbacks
+        self.prepare_run_dir()
+        seed_everything(self.config.trainer.seed + dist_utils.get_rank())
+        try:
+            cb.on_app_begin()
+            cb.on_model_init_start()
+            model = self._build_model()
+            cb.on_model_init_end(model)
+            cb.on_optimizer_init_start(model)
+            model.init_optimizers()
+            cb.on_optimizer_init_end(model)
+            cb.on_load_checkpoint_start(model)
+            checkpoint_path, payload = self._load_checkpoint(model)
+            cb.on_load_checkpoint_end(model, iteration=self.iteration, checkpoint_path=checkpoint_path)
+            cb.on_dataloader_init_start(model)
+            self._build_dataloaders(payload)
+            cb.on_dataloader_init_end(model, dataloader_train=self.dataloader_train, dataloader_val=self.dataloader_val)
+            if payload is not None:
+                restore_rng_state(payload["rng"][dist_utils.get_rank() % len(payload["rng"])])
+            del payload
+            self._train(model)
+            return model
+        except BaseException as exc:
+            self.exception = exc
+            raise
+        finally:
+            cb.on_app_end()
+
+    def prepare_run_dir(self) -> None:
+        """Check the run directory is writable, then write the resolved ``config.yaml`` (secrets redacted)."""
+        from fastgen.configs.config_utils import save_config_yaml
+        from fastgen.utils.env import load_credentials
+        from fastgen.utils.io import check_writable_dir
+
+        load_credentials(self.config.credentials_dir)
+        if dist_utils.is_rank0():
+            check_writable_dir(self.run_dir)
+            check_writable_dir(self.checkpointer.save_dir)
+            save_config_yaml(self.config, self.run_dir / "config.yaml")
+        dist_utils.barrier()
+
+    def _build_model(self) -> Any:
+        model = instantiate(self.config.model_class, config=self.config.model)
+        model.to(self.device)
+        model.train()
+        for ema in getattr(model, "ema_nets", {}).values():
+            ema.eval()
+        return model
+
+    # ---- checkpoints -----------------------------------------------------------------------------------------
+    def _load_checkpoint(self, model: Any) -> tuple[str | None, dict[str, Any] | None]:
+        ckpt_cfg = self.config.trainer.checkpointer
+        latest = self.checkpointer.latest() if self.config.trainer.resume else None
+        if latest is not None:
+            payload = load_checkpoint(latest)
+            self._restore(model, payload, latest)
+            self.iteration = self.start_iteration = int(payload["iteration"])
+            logger.info("resumed from %s (iteration %d)", latest, self.iteration)
+            return str(latest), payload
+        if ckpt_cfg.pretrained_ckpt_path:
+            payload = load_checkpoint(ckpt_cfg.pretrained_ckpt_path)
+            self._restore_modules(model, payload, ckpt_cfg.pretrained_ckpt_path, allow_missing=True)
+            logger.info("initialised weights from %s", ckpt_cfg.pretrained_ckpt_path)
+            return ckpt_cfg.pretrained_ckpt_path, None
+        return None, None
+
+    def _restore_modules(self, model: Any, payload: dict[str, Any], path: Any, allow_missing: bool = False) -> None:
+        modules = model.model_dict
+        for name, state in payload.get("model", {}).items():
+            if name not in modules:
+                if allow_missing:
+                    continue
+                raise CheckpointError(f"checkpoint {path} has weights for {name!r}, which this model does not have")
+            try:
+                modules[name].load_state_dict(state)
+            except RuntimeError as exc:
+                first = str(exc).strip().splitlines()
+                raise CheckpointError(
+                    f"checkpoint {path}: weights of {name!r} do not fit this model ({' '.join(first[:2])[:300]})"
+                ) from None
+        if not allow_missing:
+            missing = [n for n in modules if n not in payload.get("model", {})]
+            if missing:
+                raise CheckpointError(f"checkpoint {path} lacks weights for {', '.join(missing)}")
+
+    def _restore(self, model: Any, payload: dict[str, Any], path: Path) -> None:
+        self._restore_modules(model, payload, path)
+        for name, optimizer in model.optimizer_dict.items():
+            if name in payload.get("optimizers", {}):
+                optimizer.load_state_dict(payload["optimizers"][name])
+        for name, scheduler in model.scheduler_dict.items():
+            if name in payload.get("schedulers", {}):
+                scheduler.load_state_dict(payload["schedulers"][name])
+        self.callbacks.load_state_dict(payload.get("callbacks", {}))
+
+    def _gather_rng(self) -> dict[int, Any]:
+        state = capture_rng_state()
+        if not dist_utils.is_initialized() or dist_utils.get_world_size() == 1:
+            return {0: state}
+        gathered: list[Any] = [None] * dist_utils.get_world_size()
+        torch.distributed.all_gather_object(gathered, state)
+        return dict(enumerate(gathered))
+
+    def save_checkpoint(self, model: Any) -> Path | None:
+        cb = self.callbacks
+        cb.on_save_checkpoint_start(model, iteration=self.iteration)
+        payload = {
+            "format": FORMAT,
+            "version": 1,
+            "iteration": self.iteration,
+            "model": {name: module.state_dict() for name, module in model.model_dict.items()},
+            "optimizers": {name: opt.state_dict() for name, opt in model.optimizer_dict.items()},
+            "schedulers": {name: s.state_dict() for name, s in model.scheduler_dict.items()},
+            "callbacks": self.callbacks.state_dict(),
+            "dataloaders": {
+                "train": self.dataloader_train.state_dict() if hasattr(self.dataloader_train, "state_dict") else None,
+                "val": self.dataloader_val.state_dict() if hasattr(self.dataloader_val, "state_dict") else None,
+            },
+            "rng": self._gather_rng(),
+        }
+        path = None
+        if dist_utils.is_rank0():
+            path = self.checkpointer.save(payload, self.iteration)
+            self.last_checkpoint = path
+            logger.info("saved checkpoint %s", path)
+        dist_utils.barrier()
+        cb.on_save_checkpoint_success(model, iteration=self.iteration, checkpoint_path=str(path) if path else None)
+        cb.on_save_checkpoint_end(model, iteration=self.iteration)
+        return path
+
+    # ---- data --------------------------------------------------------------------------------------------------
+    def _build_dataloaders(self, payload: dict[str, Any] | None) -> None:
+        self.dataloader_train = instantiate(self.config.dataloader_train)
+        self.dataloader_val = instantiate(self.config.dataloader_val) if self.config.dataloader_val is not None else None
+        per_rank = int(getattr(self.dataloader_train, "batch_size", 0) or 0)
+        world = dist_utils.get_world_size()
+        target = self.config.trainer.batch_size_global
+        if target is None or per_rank == 0:
+            self.accum_rounds = 1
+            self.global_batch_size = per_rank * world
+        else:
+            if target % (per_rank * world) != 0:
+                raise ConfigError(
+                    f"trainer.batch_size_global={target} is not a multiple of per-rank batch {per_rank} x "
+                    f"{world} rank(s); set it to a multiple of {per_rank * world} or change dataloader_train.batch_size"
+                )
+            self.accum_rounds = target // (per_rank * world)
+            self.global_batch_size = target
+        if payload is not None:
+            states = payload.get("dataloaders", {})
+            if states.get("train") is not None and hasattr(self.dataloader_train, "load_state_dict"):
+                self.dataloader_train.load_state_dict(states["train"])
+            if states.get("val") is not None and hasattr(self.dataloader_val, "load_state_dict"):
+                self.dataloader_val.load_state_dict(states["val"])
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+    def _train(self, model: Any) -> None:
+        cfg = self.config.trainer
+        cb = self.callbacks
+        cb.on_train_begin(model, iteration=self.iteration)
+        if self.iteration >= cfg.max_iter:
+            logger.info("nothing to do: the run already has %d of trainer.max_iter=%d iterations",
+                        self.iteration, cfg.max_iter)
+        rounds = self.accum_rounds
+        device = self.device
+        loader = self.dataloader_train
+        optimizers = model.optimizer_dict
+        schedulers = model.scheduler_dict
+        window_start, window_iter = time.perf_counter(), self.iteration
+        while self.iteration < cfg.max_iter:
+            iteration = self.iteration
+            cb.on_training_step_begin(model, iteration=iteration)
+            loss_sums: dict[str, torch.Tensor] | None = {} if rounds > 1 else None
+            for accum_iter in range(rounds):
+                data = _to_device(next(loader), device)
+                cb.on_training_accum_step_begin(model, data, iteration=iteration, accum_iter=accum_iter)
+                loss_dict, outputs = model.single_train_step(data, iteration)
+                cb.on_backward_begin(model, data, outputs, loss_dict, iteration=iteration, accum_iter=accum_iter)
+                loss = loss_dict["total_loss"]
+                (loss / rounds if rounds > 1 else loss).backward()
+                cb.on_training_accum_step_end(model, data, outputs, loss_dict, iteration=iteration, accum_iter=accum_iter)
+                if loss_sums is not None:
+                    for key, value in loss_dict.items():
+                        if isinstance(value, torch.Tensor) and value.numel() == 1:
+                            value = value.detach()
+                            loss_sums[key] = loss_sums[key] + value if key in loss_sums else value
+            if loss_sums is not None:
+                loss_dict = {key: value / rounds for key, value in loss_sums.items()}
+            self.stepping = model.get_optimizers(iteration)
+            self._skip_reason = None
+            cb.on_optimizer_step_begin(model, iteration=iteration)
+            if self._skip_reason is None:
+                for name in self.stepping:
+                    optimizers[name].step()
+                    if name in schedulers:
+                        schedulers[name].step()
+            for optimizer in optimizers.values():
+                optimizer.zero_grad(set_to_none=True)
+            self.iteration = iteration + 1
+            cb.on_training_step_end(model, data, outputs, loss_dict, iteration=self.iteration)
+            if self.iteration % cfg.logging_iter == 0 or self.iteration == cfg.max_iter:
+                now = time.perf_counter()
+                rate = (self.iteration - window_iter) / max(now - window_start, 1e-9)
+                loss_value = float(loss_dict["total_loss"].detach())
+                if not math.isfinite(loss_value):
+                    logger.warning("iteration %d: total_loss is %s", self.iteration, loss_value)
+                logger.info("iteration %d/%d  loss %.4f  %.1f it/s", self.iteration, cfg.max_iter, loss_value, rate)
+                window_start, window_iter = now, self.iteration
+            if cfg.validation_iter and self.dataloader_val is not None and self.iteration % cfg.validation_iter == 0:
+                self.validate(model)
+            if self.iteration % cfg.save_ckpt_iter == 0 or self.iteration == cfg.max_iter:
+                self.save_checkpoint(model)
+        cb.on_train_end(model, iteration=self.iteration)
+
+    @torch.no_grad()
+    def validate(self, model: Any) -> dict[str, float]:
+        """Run ``max_val_iter`` validation batches with every network in eval mode; return mean losses."""
+        cb = self.callbacks
+        cb.on_validation_begin(model, iteration=self.iteration)
+        model.eval()
+        sums: dict[str, torch.Tensor] = {}
+        steps = self.config.trainer.max_val_iter
+        try:
+            for _ in range(steps):
+                data = _to_device(next(self.dataloader_val), self.device)
+                cb.on_validation_step_begin(model, data, iteration=self.iteration)
+                loss_dict = model.validation_step(data, self.iteration)
+                cb.on_validation_step_end(model, data, {}, loss_dict, iteration=self.iteration)
+                for key, value in loss_dict.items():
+                    value = value.detach().float()
+                    sums[key] = sums[key] + value if key in sums else value
+        finally:
+            model.train()
+            for ema in getattr(model, "ema_nets", {}).values():
+                ema.eval()
+        means = {}
+        for key in sorted(sums):
+            means[key] = float(dist_utils.all_reduce_mean(sums[key] / steps))
+        logger.info("validation at iteration %d: %s", self.iteration,
+                    "  ".join(f"{k} {v:.4f}" for k, v in means.items()))
+        cb.on_validation_end(model, loss_dict=means, iteration=self.iteration)
+        return means

@@ -1,0 +1,95 @@
+"""Checkpoint files: naming, atomic writes, discovery of the newest valid one, safe loading.
+
+Format (monolithic): ``<save_dir>/{iteration:07d}.pth``, one ``torch.save`` of a dict::
+
+    {"format": "fastgen-checkpoint", "version": 1, "iteration": int,
+     "model": {module_name: state_dict}, "optimizers": {...}, "schedulers": {...},
+     "callbacks": {callback_name: state}, "dataloaders": {"train": state, "val": state},
+     "rng": {rank: {"torch": ByteTensor, "cuda": [ByteTensor], "numpy": {...}, "python": tuple}}}
+
+The file is written to a temporary name in the same folder and renamed into place (``fastgen.utils.io``), so a
+file with the final name is always complete: it is its own validity marker. A crash mid-write leaves only a
+hidden ``.*.tmp`` file, which discovery ignores and the next save cleans up. Files are loaded with
+``torch.load(weights_only=True)``: a checkpoint cannot execute code. A truncated or corrupt file raises
+``CheckpointError`` naming the file and what to do.
+
+A relative ``save_dir`` lives inside the run directory. (Sharded DCP checkpoints and S3 storage arrive with the
+distributed engine; their marker is the same ``.pth`` name written last.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastgen.utils.errors import CheckpointError
+from fastgen.utils.io import atomic_write_with
+from fastgen.utils.logging import get_logger
+
+logger = get_logger(__name__)
+_NAME = re.compile(r"^(\d{7,})\.pth$")
+FORMAT = "fastgen-checkpoint"
+
+
+class Checkpointer:
+    def __init__(self, save_dir: str, run_dir: Path, keep_last_n: int | None = None) -> None:
+        path = Path(os.path.expandvars(save_dir)).expanduser()
+        self.save_dir = path if path.is_absolute() else Path(run_dir) / path
+        self.keep_last_n = keep_last_n
+
+    def path_for(self, iteration: int) -> Path:
+        return self.save_dir / f"{iteration:07d}.pth"
+
+    def list(self) -> list[tuple[int, Path]]:
+        """Valid (complete) checkpoints as ``(iteration, path)``, oldest first."""
+        if not self.save_dir.is_dir():
+            return []
+        found = []
+        for entry in self.save_dir.iterdir():
+            match = _NAME.match(entry.name)
+            if match and entry.is_file():
+                found.append((int(match.group(1)), entry))
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        found = self.list()
+        return found[-1][1] if found else None
+
+    def save(self, payload: dict[str, Any], iteration: int) -> Path:
+        path = self.path_for(iteration)
+        self._remove_stale_temporaries()
+        atomic_write_with(path, lambda handle: torch.save(payload, handle))
+        if self.keep_last_n is not None:
+            for _, old in self.list()[: -self.keep_last_n]:
+                old.unlink(missing_ok=True)
+        return path
+
+    def _remove_stale_temporaries(self) -> None:
+        if self.save_dir.is_dir():
+            for entry in self.save_dir.glob(".*.pth.*.tmp"):
+                entry.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a fastgen checkpoint safely (``weights_only=True``, CPU); raise ``CheckpointError`` if unusable."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, zipfile errors...
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt or truncated ({reason[:200]}); delete it to resume from the previous "
+            "one, or start fresh with trainer.resume=False"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        if isinstance(payload, dict) and "model" not in payload and all(isinstance(v, torch.Tensor) for v in payload.values()):
+            # A bare state_dict (e.g. from convert-ckpt or another tool): treat it as the weights of `net`.
+            return {"format": FORMAT, "version": 1, "iteration": 0, "model": {"net": payload}}
+        raise CheckpointError(f"{path} is not a fastgen checkpoint")
+    return payload

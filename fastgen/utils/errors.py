@@ -1,0 +1,35 @@
+"""Exception types that the command line maps to exit codes.
+
+``UsageError`` (exit 2) is for anything the user can fix by changing what they typed or wrote in a config:
+a missing file, an unknown key, a wrong type, an output folder that cannot be written. ``FastGenRuntimeError``
+(exit 1) is for failures while running, such as a corrupt checkpoint. Both carry a one-line, actionable message;
+the command line prints only that line unless ``FASTGEN_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+
+class FastGenError(Exception):
+    """Base class of the errors fastgen raises on purpose (expected failures with a clear message)."""
+
+    exit_code = 1
+
+
+class UsageError(FastGenError):
+    """Bad input: a config, an override, a path or an option. Exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """The config could not be loaded, overridden or validated."""
+
+
+class FastGenRuntimeError(FastGenError):
+    """A failure during a run that is not a bug: corrupt checkpoint, diverged training, missing data."""
+
+    exit_code = 1
+
+
+class CheckpointError(FastGenRuntimeError):
+    """A checkpoint is missing, truncated, corrupt or incompatible with the model."""
