@@ -37,6 +37,8 @@ def out() -> Console:
         from rich.console import Console
 
         _out = Console(highlight=False)
+        if not _out.is_terminal and "COLUMNS" not in os.environ:
+            _out.width = 200  # piped output: do not squeeze tables and paths into 80 columns
     return _out
 
 
@@ -72,4 +74,4 @@ def resolve_config(config_spec: str | None, overrides: list[str] | None) -> Base
 def print_error(message: str) -> None:
     from rich.markup import escape
 
-    console().print(f"[bold red]error:[/bold red] {escape(message)}")
+    console().print(f"[bold red]error:[/bold red] {escape(message)}", soft_wrap=True)

@@ -75,8 +75,8 @@ def env(
 
     for section, rows in report.items():
         table = Table(title=section, show_header=False, show_edge=False, title_justify="left")
-        table.add_column(style="bold")
-        table.add_column()
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow="fold")
         for key, value in rows.items():
             table.add_row(key, value)
         console.print(table)

@@ -56,7 +56,7 @@ def init(
         raise UsageError(f"{stem!r} is not a valid Python module name (use letters, digits and underscores)")
     recipe_file = resolve_recipe(from_recipe)
     if recipe_file is None:
-        raise UsageError(f"no built-in recipe {from_recipe!r}; {did_you_mean(from_recipe, list_recipes())}")
+        raise UsageError(f"no built-in recipe {from_recipe!r}; {did_you_mean(from_recipe, list_recipes(), noun='built-in recipes')}")
     recipe = str(recipe_file.relative_to(recipe_file.parents[1]).with_suffix("")).replace("\\", "/")
     base_module = "fastgen.configs.experiments." + recipe.replace("/", ".")
     from fastgen.configs.config_utils import load_config

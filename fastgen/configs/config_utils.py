@@ -43,7 +43,9 @@ from fastgen.utils.errors import ConfigError
 
 EXPERIMENTS_PACKAGE = "fastgen.configs.experiments"
 REDACTED = "<redacted>"
-_SECRET_KEY = re.compile(r"(api_?key|secret|token|password|passwd|credential)", re.IGNORECASE)
+# Key names that hold secrets: api_key, secret_access_key, session_token, password... (not max_tokens,
+# not credentials_dir, which is a path).
+_SECRET_KEY = re.compile(r"(^|_)(api_?key|secret|token|password|passwd)(_|$)", re.IGNORECASE)
 _SECRET_ENV_VARS = (
     "WANDB_API_KEY",
     "AWS_SECRET_ACCESS_KEY",
@@ -191,7 +193,8 @@ def load_config(spec: str | os.PathLike[str]) -> BaseConfig:
     recipe = resolve_recipe(text)
     if recipe is None:
         raise ConfigError(
-            f"no config file or built-in recipe named {text!r}; {did_you_mean(text, list_recipes())}"
+            f"no config file or built-in recipe named {text!r}; "
+            f"{did_you_mean(text, list_recipes(), noun='built-in recipes')}"
         )
     return _config_from_python(recipe)
 

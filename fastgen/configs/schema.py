@@ -33,12 +33,13 @@ def closest(name: str, candidates: typing.Iterable[str], n: int = 3) -> list[str
     return found
 
 
-def did_you_mean(name: str, candidates: typing.Iterable[str]) -> str:
+def did_you_mean(name: str, candidates: typing.Iterable[str], noun: str = "valid keys") -> str:
+    """``did you mean 'x' or 'y'?`` when something is close, else the list of ``noun``."""
     candidates = sorted(candidates)
     near = closest(name, candidates)
     if near:
         return "did you mean " + " or ".join(repr(c) for c in near) + "?"
-    return "valid keys: " + ", ".join(candidates[:25]) + (" ..." if len(candidates) > 25 else "")
+    return f"{noun}: " + ", ".join(candidates[:25]) + (" ..." if len(candidates) > 25 else "")
 
 
 class StrictConfig:
