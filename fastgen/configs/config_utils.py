@@ -45,7 +45,7 @@ EXPERIMENTS_PACKAGE = "fastgen.configs.experiments"
 REDACTED = "<redacted>"
 # Key names that hold secrets: api_key, secret_access_key, session_token, password... (not max_tokens,
 # not credentials_dir, which is a path).
-_SECRET_KEY = re.compile(r"(^|_)(api_?key|secret|token|password|passwd)(_|$)", re.IGNORECASE)
+_SECRET_KEY = re.compile(r"(^|_)(api_?keys?|secrets?|tokens?|passwords?|passwd)(_|$)", re.IGNORECASE)
 _SECRET_ENV_VARS = (
     "WANDB_API_KEY",
     "AWS_SECRET_ACCESS_KEY",
@@ -104,6 +104,11 @@ def _module_name_for(path: Path) -> str | None:
     return None
 
 
+def _fresh(module: Any, path: Path) -> bool:
+    """True when ``module`` was imported from ``path`` as it is now (an edited file is imported again)."""
+    return getattr(module, "__fastgen_mtime__", None) == path.stat().st_mtime_ns
+
+
 def _import_config_module(path: Path) -> Any:
     """Import a config file as a module. Under the working directory it gets its dotted path as its name (so
     classes defined in it have importable targets, and the seed's ``--config=fastgen/configs/...`` imports the
@@ -116,17 +121,21 @@ def _import_config_module(path: Path) -> Any:
         try:
             module = importlib.import_module(name)
             if Path(module.__file__ or "").resolve() == path.resolve():
+                if getattr(module, "__fastgen_mtime__", None) not in (None, path.stat().st_mtime_ns):
+                    module = importlib.reload(module)
+                module.__fastgen_mtime__ = path.stat().st_mtime_ns
                 return module
         except ImportError:
             pass
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
     name = f"fastgen_user_config_{path.stem}_{digest}"
-    if name in sys.modules:
+    if name in sys.modules and _fresh(sys.modules[name], path):
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot import config file {path}")
     module = importlib.util.module_from_spec(spec)
+    module.__fastgen_mtime__ = path.stat().st_mtime_ns  # type: ignore[attr-defined]
     sys.modules[name] = module
     # A config beside helper modules (``from my_helpers import ...``) imports them from its own folder.
     sys.path.insert(0, str(path.parent))
@@ -189,7 +198,10 @@ def load_config(spec: str | os.PathLike[str]) -> BaseConfig:
             recipe = _recipe_from_package_path(text)
         if recipe is not None:
             return _config_from_python(recipe)
-        raise ConfigError(f"config file not found: {text}")
+        hint = ""
+        if path.suffix != ".py":
+            hint = "; " + did_you_mean(text, list_recipes(), noun="built-in recipes")
+        raise ConfigError(f"config file not found: {text}{hint}")
     recipe = resolve_recipe(text)
     if recipe is None:
         raise ConfigError(
@@ -254,6 +266,7 @@ def _family(value: Any) -> str:
 
 
 def _set_in_dict(node: MutableMapping[str, Any] | DictConfig, key: str, value: Any, where: str) -> None:
+    """Set a key of a dict node; the current value's type is the schema (ints stay ints: ``1e4`` -> 10000)."""
     old = node[key] if key in node else None
     if old is not None and value is not None:
         old_family, new_family = _family(old), _family(value)
@@ -261,6 +274,10 @@ def _set_in_dict(node: MutableMapping[str, Any] | DictConfig, key: str, value: A
             raise ConfigError(
                 f"{where}: expected {old_family} like the current value {old!r}, got {value!r}"
             )
+        if isinstance(old, int) and not isinstance(old, bool) and isinstance(value, float):
+            if not value.is_integer():
+                raise ConfigError(f"{where}: expected int like the current value {old!r}, got {value!r}")
+            value = int(value)
     if isinstance(node, DictConfig):
         with _open_struct(node):
             node[key] = value

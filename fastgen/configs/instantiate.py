@@ -25,7 +25,7 @@ def target_path(target: Callable[..., Any] | str) -> str:
         return target
     module = getattr(target, "__module__", None)
     qualname = getattr(target, "__qualname__", None)
-    if not module or not qualname or "<locals>" in qualname:
+    if not module or not qualname or "<" in qualname:  # <locals>, <lambda>: not importable by path
         raise TypeError(
             f"LazyCall needs an importable target (a module-level class or function), got {target!r}"
         )

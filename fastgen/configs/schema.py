@@ -212,7 +212,8 @@ def to_plain(node: Any, declared: Any = None) -> Any:
             out[f.name] = to_plain(getattr(node, f.name), declared_types[f.name])
         return out
     if isinstance(node, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(node, resolve=True)
+        # Unresolved: a ${...} interpolation is kept as written (it resolves when the node is instantiated).
+        return OmegaConf.to_container(node, resolve=False)
     if isinstance(node, Mapping):
         return {k: to_plain(v) for k, v in node.items()}
     if isinstance(node, (list, tuple)):

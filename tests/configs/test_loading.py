@@ -349,3 +349,19 @@ def test_unrelated_recipe_name_lists_recipes(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as info:
         load_config("qqqqqqqq")
     assert "Digits/config_sft_digits" in str(info.value)
+
+
+def test_an_edited_config_file_is_imported_again(tmp_path) -> None:
+    import os
+
+    from fastgen.configs.config_utils import load_config
+
+    path = tmp_path / "edited_cfg.py"
+    body = "from fastgen.configs.experiments.Toy.config_sft_toy import create_config as base\n" \
+           "def create_config():\n    c = base()\n    c.trainer.max_iter = {}\n    return c\n"
+    path.write_text(body.format(1))
+    assert load_config(path).trainer.max_iter == 1
+    path.write_text(body.format(2))
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert load_config(path).trainer.max_iter == 2

@@ -477,3 +477,13 @@ def test_validate_config_rejects_non_lazy_callback(toy):
 def test_validate_config_rejects_non_config():
     with pytest.raises(ConfigError):
         validate_config({"trainer": {}})
+
+
+def test_float_override_of_an_int_dict_key_stays_int() -> None:
+    from fastgen.configs.config_utils import apply_overrides, load_config
+    from fastgen.utils.errors import ConfigError
+
+    config = apply_overrides(load_config("Toy/config_sft_toy"), ["dataloader_train.batch_size=1e2"])
+    assert config.dataloader_train.batch_size == 100 and isinstance(config.dataloader_train.batch_size, int)
+    with pytest.raises(ConfigError, match="dataloader_train.batch_size"):
+        apply_overrides(config, ["dataloader_train.batch_size=3.5"])

@@ -336,3 +336,16 @@ def test_save_config_yaml_failure_leaves_no_temp_file(tmp_path):
         save_config_yaml(load_config("Toy/config_sft_toy"), target)
     assert sorted(os.listdir(tmp_path)) == ["config.yaml"]
     assert target.is_dir() and not any(target.iterdir())
+
+
+def test_interpolations_and_plural_secret_keys(tmp_path, monkeypatch) -> None:
+    from fastgen.configs.config_utils import config_to_yaml, load_config
+    from fastgen.configs.instantiate import LazyCall
+
+    config = load_config("Toy/config_sft_toy")
+    config.trainer.callbacks["probe"] = LazyCall("fastgen.callbacks.callback.Callback")()
+    config.trainer.callbacks.probe["steps"] = "${trainer.max_iter}"
+    config.trainer.callbacks.probe["api_keys"] = ["k-one", "k-two"]
+    text = config_to_yaml(config)
+    assert "${trainer.max_iter}" in text
+    assert "k-one" not in text and "k-two" not in text
