@@ -66,6 +66,19 @@ class SelfAttention(nn.Module):
         return (x + self.proj(out)) * (2**-0.5)
 
 
+class Unit(nn.Module):
+    """A residual block, optionally followed by self-attention; one skip connection per unit."""
+
+    def __init__(self, block: ResBlock, attention: SelfAttention | None) -> None:
+        super().__init__()
+        self.block = block
+        self.attention = attention
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        h = self.block(x, emb)
+        return self.attention(h) if self.attention is not None else h
+
+
 class UNet(nn.Module):
     """``UNet(img_resolution, in_channels, out_channels, model_channels, channel_mult, num_blocks, ...)``."""
 
@@ -88,34 +101,32 @@ class UNet(nn.Module):
         self.embed = ConditionEmbedding(emb_dim, num_classes=num_classes, use_r=use_r)
         self.conv_in = nn.Conv2d(in_channels, model_channels, 3, padding=1)
         self.down = nn.ModuleList()
-        channels = [model_channels]
+        channels = [model_channels]  # channel count of every skip connection, in push order
         ch, res = model_channels, img_resolution
         for level, mult in enumerate(channel_mult):
-            blocks = nn.ModuleList()
+            units = nn.ModuleList()
             for _ in range(num_blocks):
-                blocks.append(ResBlock(ch, model_channels * mult, emb_dim, dropout))
-                ch = model_channels * mult
-                if res in attn_resolutions:
-                    blocks.append(SelfAttention(ch))
+                out_ch = model_channels * mult
+                units.append(Unit(ResBlock(ch, out_ch, emb_dim, dropout), SelfAttention(out_ch) if res in attn_resolutions else None))
+                ch = out_ch
                 channels.append(ch)
             if level != len(channel_mult) - 1:
-                blocks.append(nn.AvgPool2d(2))
+                units.append(nn.AvgPool2d(2))
                 channels.append(ch)
                 res //= 2
-            self.down.append(blocks)
+            self.down.append(units)
         self.mid = nn.ModuleList([ResBlock(ch, ch, emb_dim, dropout), SelfAttention(ch), ResBlock(ch, ch, emb_dim, dropout)])
         self.up = nn.ModuleList()
         for level, mult in reversed(list(enumerate(channel_mult))):
-            blocks = nn.ModuleList()
+            units = nn.ModuleList()
             for _ in range(num_blocks + 1):
-                blocks.append(ResBlock(ch + channels.pop(), model_channels * mult, emb_dim, dropout))
-                ch = model_channels * mult
-                if res in attn_resolutions:
-                    blocks.append(SelfAttention(ch))
+                out_ch = model_channels * mult
+                units.append(Unit(ResBlock(ch + channels.pop(), out_ch, emb_dim, dropout), SelfAttention(out_ch) if res in attn_resolutions else None))
+                ch = out_ch
             if level != 0:
-                blocks.append(nn.Upsample(scale_factor=2, mode="nearest"))
+                units.append(nn.Upsample(scale_factor=2, mode="nearest"))
                 res *= 2
-            self.up.append(blocks)
+            self.up.append(units)
         self.norm_out = nn.GroupNorm(_groups(ch), ch)
         self.conv_out = nn.Conv2d(ch, out_channels, 3, padding=1)
         nn.init.zeros_(self.conv_out.weight)
@@ -136,9 +147,9 @@ class UNet(nn.Module):
         h = self.conv_in(x)
         skips = [h]
         features = []
-        for level, blocks in enumerate(self.down):
-            for block in blocks:
-                h = block(h, emb) if isinstance(block, ResBlock) else block(h)
+        for level, units in enumerate(self.down):
+            for unit in units:
+                h = unit(h, emb) if isinstance(unit, Unit) else unit(h)
                 skips.append(h)
             if feature_indices is not None and level in feature_indices:
                 features.append(h)
@@ -146,12 +157,9 @@ class UNet(nn.Module):
             h = block(h, emb) if isinstance(block, ResBlock) else block(h)
         if feature_indices is not None and len(self.down) in feature_indices:
             features.append(h)
-        for blocks in self.up:
-            for block in blocks:
-                if isinstance(block, ResBlock):
-                    h = block(torch.cat([h, skips.pop()], dim=1), emb)
-                else:
-                    h = block(h)
+        for units in self.up:
+            for unit in units:
+                h = unit(torch.cat([h, skips.pop()], dim=1), emb) if isinstance(unit, Unit) else unit(h)
         out = self.conv_out(F.silu(self.norm_out(h)))
         if feature_indices is not None:
             return out, features
