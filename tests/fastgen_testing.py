@@ -54,6 +54,14 @@ class HookRecorder(Callback):
         self.restored = state_dict
 
 
+class SecretHolder(Callback):
+    """A callback configured with a secret (like a judge's API key)."""
+
+    def __init__(self, api_key: str | None = None, note: str = "") -> None:
+        self.api_key = api_key
+        self.note = note
+
+
 def _recorder(hook: str):
     def method(self: HookRecorder, *args: Any, **kwargs: Any) -> None:
         self.calls.append((hook, kwargs.get("iteration")))
