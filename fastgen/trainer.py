@@ -32,13 +32,21 @@ run killed at any point and started again with the same command ends with bit-id
 Gradient accumulation: ``R = trainer.batch_size_global / (per-rank batch * world size)``; each round's loss is
 divided by ``R`` so the accumulated gradient is the mean over the global batch.
 
+SIGTERM (a cluster pre-empting the job) or Ctrl-C stops training cleanly: the current step finishes, a
+checkpoint is saved, and ``TrainingInterrupted`` is raised (exit code 128 + signal); a second Ctrl-C aborts at
+once. Starting the same command again resumes exactly.
+
 Nothing here assumes one process: ranks, the device and all-reduces go through ``fastgen.utils.distributed``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +57,7 @@ from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
 from fastgen.utils import distributed as dist_utils
 from fastgen.utils.checkpointer import FORMAT, Checkpointer, load_checkpoint
-from fastgen.utils.errors import CheckpointError, ConfigError
+from fastgen.utils.errors import CheckpointError, ConfigError, TrainingInterrupted
 from fastgen.utils.logging import get_logger
 from fastgen.utils.rng import capture_rng_state, restore_rng_state, seed_everything
 
@@ -82,6 +90,7 @@ class Trainer:
         self.dataloader_train: Any = None
         self.dataloader_val: Any = None
         self._skip_reason: str | None = None
+        self._stop_signal: int | None = None
         self._scalars: dict[str, Any] = {}
         self.checkpointer = Checkpointer(config.trainer.checkpointer.save_dir, self.run_dir,
                                          config.trainer.checkpointer.keep_last_n)
@@ -136,7 +145,8 @@ class Trainer:
             if payload is not None:
                 restore_rng_state(payload["rng"][dist_utils.get_rank() % len(payload["rng"])])
             del payload
-            self._train(model)
+            with self._stop_on_signals():
+                self._train(model)
             return model
         except BaseException as exc:
             self.exception = exc
@@ -156,6 +166,27 @@ class Trainer:
             check_writable_dir(self.checkpointer.save_dir)
             save_config_yaml(self.config, self.run_dir / "config.yaml")
         dist_utils.barrier()
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self) -> Iterator[None]:
+        """While training, SIGTERM and SIGINT ask for a clean stop at the end of the current step."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def request_stop(signum: int, frame: Any) -> None:
+            if self._stop_signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now
+            self._stop_signal = signum
+            logger.warning("received %s: stopping after this step and saving a checkpoint",
+                           signal.Signals(signum).name)
+
+        previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _build_model(self) -> Any:
         model = instantiate(self.config.model_class, config=self.config.model)
@@ -326,8 +357,18 @@ class Trainer:
                 window_start, window_iter = now, self.iteration
             if cfg.validation_iter and self.dataloader_val is not None and self.iteration % cfg.validation_iter == 0:
                 self.validate(model)
-            if self.iteration % cfg.save_ckpt_iter == 0 or self.iteration == cfg.max_iter:
+            saved = self.iteration % cfg.save_ckpt_iter == 0 or self.iteration == cfg.max_iter
+            if saved:
                 self.save_checkpoint(model)
+            if self._stop_signal is not None and self.iteration < cfg.max_iter:
+                if not saved:
+                    self.save_checkpoint(model)
+                name = signal.Signals(self._stop_signal).name
+                raise TrainingInterrupted(
+                    f"stopped by {name} at iteration {self.iteration}; checkpoint saved to {self.last_checkpoint} "
+                    "- run the same command again to resume",
+                    self._stop_signal,
+                )
         cb.on_train_end(model, iteration=self.iteration)
 
     @torch.no_grad()

@@ -89,8 +89,9 @@ class WandbCallback(Callback):
             settings=wandb.Settings(silent=True, console="off"),
         )
         if mode == "offline":
-            logger.info("W&B: no API key found, logging offline to %s (upload later with `wandb sync %s`)",
-                        self.run.dir.rsplit("/files", 1)[0], self.run.dir.rsplit("/files", 1)[0])
+            sync_dir = str(Path(self.run.dir).parent)  # <run dir>/wandb/offline-run-*/files -> the run folder
+            reason = "no API key found" if not os.environ.get("WANDB_API_KEY") else "offline mode"
+            logger.info("W&B: %s, logging offline to %s (upload later with `wandb sync %s`)", reason, sync_dir, sync_dir)
 
     def on_app_end(self) -> None:
         if self.run is not None:

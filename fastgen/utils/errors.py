@@ -33,3 +33,14 @@ class FastGenRuntimeError(FastGenError):
 
 class CheckpointError(FastGenRuntimeError):
     """A checkpoint is missing, truncated, corrupt or incompatible with the model."""
+
+
+class TrainingInterrupted(FastGenRuntimeError):
+    """SIGTERM / SIGINT stopped training after a checkpoint was saved; rerunning the command resumes.
+
+    The exit code follows the shell convention for the signal (128 + signal number).
+    """
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum

@@ -83,10 +83,23 @@ def test_ema_callback_tracks_the_network() -> None:
     trainer.callbacks.add("watch", Watch())  # after the EMA callback: sees the updated EMA
     trainer.callbacks.bind(config, trainer)
     trainer.run()
-    for step, (ema_before, net_after, ema_after) in enumerate(states):
-        beta = 0.0 if step == 0 else 0.9  # start_iter=0: the first update copies the network
+    assert len(states) == 5
+    for ema_before, net_after, ema_after in states:  # start_iter=0: averaging from the first step
         for eb, na, ea in zip(ema_before, net_after, ema_after):
-            torch.testing.assert_close(ea, beta * eb + (1 - beta) * na)
+            torch.testing.assert_close(ea, 0.9 * eb + 0.1 * na)
+
+
+def test_ema_copies_the_network_until_start_iter() -> None:
+    config = tiny_toy_config("ema_start", max_iter=3)
+    config.trainer.callbacks.ema.start_iter = 2
+    model = Trainer(config).run()
+    for e, n in zip(model.ema_nets["ema"].parameters(), model.net.parameters()):
+        assert not torch.equal(e, n)  # iteration 3 averaged
+    config = tiny_toy_config("ema_start2", max_iter=2)
+    config.trainer.callbacks.ema.start_iter = 2
+    model = Trainer(config).run()
+    for e, n in zip(model.ema_nets["ema"].parameters(), model.net.parameters()):
+        assert torch.equal(e, n)  # up to start_iter the EMA is a copy
 
 
 def test_global_norm_clipping_matches_the_definition() -> None:

@@ -31,7 +31,8 @@ from fastgen.configs.net import toy_mlp
 
 
 class KillSwitch(Callback):
-    """SIGKILLs this process at the place named by KILL_AT: 'backward:<iteration>' or 'save:<iteration>'."""
+    """Signals this process at the place named by KILL_AT: 'backward:<iteration>' or 'save:<iteration>' send
+    SIGKILL, 'term:<iteration>' sends SIGTERM (a pre-empted cluster job)."""
 
     def __init__(self):
         self.seen = 0
@@ -44,6 +45,8 @@ class KillSwitch(Callback):
         self.seen += 1
         if accum_iter == 1:
             self._maybe_die("backward", iteration)
+        if accum_iter == 0 and os.environ.get("KILL_AT") == f"term:{iteration}":
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_save_checkpoint_start(self, model, iteration=0):
         self._maybe_die("save", iteration)
@@ -118,3 +121,18 @@ def test_sigkill_then_same_command_is_bit_identical(config_file: Path, output_ro
     assert "resumed from" in third.stderr
 
     _assert_identical(_final(output_root, "straight"), _final(output_root, "killed"))
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_the_same_command_resumes(config_file: Path, output_root: Path, tmp_path: Path) -> None:
+    straight = run_cli("train", f"--config={config_file}", "-", "log_config.name=straight", cwd=tmp_path)
+    assert straight.returncode == 0, straight.stderr
+    command = ("train", f"--config={config_file}", "-", "log_config.name=preempted")
+    stopped = run_cli(*command, cwd=tmp_path, env={"KILL_AT": "term:5"})
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    assert "stopped by SIGTERM at iteration 6" in stopped.stderr and "Traceback" not in stopped.stderr
+    ckpts = output_root / "fastgen" / "default" / "preempted" / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("*.pth")) == ["0000004.pth", "0000006.pth"]
+    resumed = run_cli(*command, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    _assert_identical(_final(output_root, "straight"), _final(output_root, "preempted"))
