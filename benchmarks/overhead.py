@@ -61,9 +61,9 @@ ratios. The table also gives the ratio of median single-step times, which ignore
 them the every-100-steps logging and the one-time W&B metrics set-up at the first log of the process,
 ~60-90 ms, which lands in round 1).
 
-Usage::
+Usage (the defaults take 3-3.5 minutes on the 2-core machine, depending on its phase)::
 
-    python benchmarks/overhead.py [--rounds 5] [--steps 150] [--warmup 10] [--threads 1]
+    python benchmarks/overhead.py [--rounds 5] [--steps 120] [--warmup 10] [--threads 1]
                                   [--interleave step|round] [--json PATH]
 """
 
@@ -92,7 +92,7 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="A/B round pairs (default: 5)")
-    parser.add_argument("--steps", type=int, default=150, help="timed steps per round and loop (default: 150)")
+    parser.add_argument("--steps", type=int, default=120, help="timed steps per round and loop (default: 120)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps before each timed window (default: 10)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch.set_num_threads for both loops (default: 1; see the module docstring)")

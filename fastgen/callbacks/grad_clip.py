@@ -1,8 +1,8 @@
 """GradClipCallback: global-norm gradient clipping with non-finite handling.
 
 Before each optimizer step the gradients of the modules being stepped are rescaled so that their global L2 norm
-``||g|| = sqrt(sum_i ||g_i||^2)`` is at most ``grad_norm`` (Pascanu et al. 2013, Alg. 2), using the fused
-``clip_grad_norm_(foreach=True)``. The finiteness test reads that single norm (one host sync per step), not each
+``||g|| = sqrt(sum_i ||g_i||^2)`` is at most ``grad_norm`` (Pascanu et al. 2013, Alg. 2), using
+fused ``_foreach`` kernels. The finiteness test reads that single norm (one host sync per step), not each
 tensor: a NaN or Inf anywhere makes the global norm non-finite.
 
 A non-finite norm skips the optimizer step (gradients are zeroed, schedulers do not advance), is counted and
@@ -12,6 +12,7 @@ silently training on. Logged keys: ``grad_norm`` (before clipping), ``grad/nonfi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -24,17 +25,20 @@ logger = get_logger(__name__)
 
 
 @torch.no_grad()
-def clip_global_norm_(grads: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:
+def clip_global_norm_(grads: list[torch.Tensor], max_norm: float | None) -> float:
     """Scale ``grads`` in place so their global L2 norm is at most ``max_norm``; return the norm before.
 
     Fused ``_foreach`` kernels on every device (``clip_grad_norm_(foreach=True)`` refuses CPU tensors, and its
-    fallback is a per-tensor loop); the clip factor stays a tensor, so there is no host sync here.
+    fallback is a per-tensor loop). The norm is read on the host once: that single sync serves the finiteness
+    test and lets the rescale be skipped when no clipping is needed. A non-finite norm leaves ``grads`` as they
+    are (the caller discards them).
     """
     norms = torch._foreach_norm(grads)
-    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
-    if max_norm is not None:
-        coef = (float(max_norm) / (total + 1e-6)).clamp(max=1.0)
-        torch._foreach_mul_(grads, coef.to(grads[0].dtype))
+    if norms[0].dtype != torch.float32:
+        norms = [n.float() for n in norms]
+    total = float(torch.linalg.vector_norm(torch.stack(norms)))
+    if max_norm is not None and math.isfinite(total) and total > max_norm:
+        torch._foreach_mul_(grads, float(max_norm) / (total + 1e-6))
     return total
 
 
@@ -57,12 +61,12 @@ class GradClipCallback(Callback):
         return self._params[key]
 
     def on_optimizer_step_begin(self, model: Any, iteration: int = 0) -> None:
-        params = [p for p in self._parameters(model, self.trainer.stepping) if p.grad is not None]
-        if not params:
+        grads = [p.grad for p in self._parameters(model, self.trainer.stepping) if p.grad is not None]
+        if not grads:
             return
-        total = clip_global_norm_([p.grad for p in params], self.grad_norm)
-        self.trainer.log_scalar("grad_norm", total.detach())
-        if bool(torch.isfinite(total)):
+        total = clip_global_norm_(grads, self.grad_norm)
+        self.trainer.log_scalar("grad_norm", total)
+        if math.isfinite(total):
             self.nonfinite_streak = 0
             return
         self.nonfinite_total += 1
