@@ -11,10 +11,12 @@ from fastgen.cli.common import out, resolve_config, setup_logging
 if TYPE_CHECKING:
     from fastgen.configs.config import BaseConfig
 
-EPILOG = """[bold]Examples[/bold]
+EPILOG = """\b
+Examples:
 
-  fastgen dryrun                                         [dim]# the quick-start recipe[/dim]
-  fastgen dryrun --config=Toy/config_sft_toy --yaml      [dim]# as YAML (what config.yaml will hold)[/dim]
+\b
+  fastgen dryrun                                         # the quick-start recipe
+  fastgen dryrun --config=Toy/config_sft_toy --yaml      # as YAML (what config.yaml will hold)
   fastgen dryrun -c configs/my_exp.py - trainer.max_iter=10 model.use_ema=false
 """
 

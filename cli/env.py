@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import os
-import platform
-from importlib import metadata
 from pathlib import Path
 
 import typer
 
 from fastgen.cli.common import out
 
-EPILOG = """[bold]Examples[/bold]
+EPILOG = """\b
+Examples:
 
+\b
   fastgen env
-  fastgen env --json                          [dim]# machine-readable[/dim]
+  fastgen env --json                          # machine-readable
   fastgen env --credentials-dir /secrets/fastgen
 """
 
 
 def _version(package: str) -> str:
+    from importlib import metadata
+
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -27,6 +29,8 @@ def _version(package: str) -> str:
 
 
 def collect(credentials_dir: str) -> dict[str, dict[str, str]]:
+    import platform
+
     import torch
 
     from fastgen import __version__

@@ -11,11 +11,13 @@ import typer
 
 from fastgen.cli.common import DEFAULT_RECIPE, console
 
-EPILOG = """[bold]Examples[/bold]
+EPILOG = """\b
+Examples:
 
-  fastgen init my_digits                              [dim]# my_digits.py from the digits recipe[/dim]
+\b
+  fastgen init my_digits                              # my_digits.py from the digits recipe
   fastgen init configs/toy_run --from Toy/config_sft_toy
-  fastgen init my_exp --callback --env                [dim]# also a custom callback and a .env[/dim]
+  fastgen init my_exp --callback --env                # also a custom callback and a .env
   fastgen train --config=my_digits.py - trainer.max_iter=500
 """
 

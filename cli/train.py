@@ -8,18 +8,23 @@ import typer
 
 from fastgen.cli.common import console, interactive, print_error, resolve_config, setup_logging
 
-EPILOG = """[bold]Examples[/bold]
+EPILOG = """\b
+Examples:
 
-  [dim]# the quick-start: a class-conditional digits diffusion model on CPU[/dim]
+\b
+  # the quick-start: a class-conditional digits diffusion model on CPU
   fastgen train
 
-  [dim]# a recipe by name, with overrides in Hydra's grammar[/dim]
+\b
+  # a recipe by name, with overrides in Hydra's grammar
   fastgen train --config=Toy/config_sft_toy - trainer.max_iter=500 log_config.name=toy_run
 
-  [dim]# your own config file (defines create_config()); the lone '-' is optional[/dim]
+\b
+  # your own config file (defines create_config()); the lone '-' is optional
   fastgen train --config=configs/my_exp.py trainer.max_iter=10000 model.net_optimizer.lr=2e-4
 
-  [dim]# check the resolved config without training, verbose logging[/dim]
+\b
+  # check the resolved config without training, verbose logging
   fastgen train --config=Digits/config_sft_digits --dryrun
   fastgen train --config=Digits/config_sft_digits --log_level DEBUG
 
