@@ -12,8 +12,7 @@ TORCH  ?= torch==2.13.0
 
 $(BIN)/fastgen: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH)" -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)" -e ".[dev]"
 	touch $(BIN)/fastgen
 
 setup: $(BIN)/fastgen

@@ -62,11 +62,11 @@ def _summary(trainer) -> None:  # noqa: ANN001 - a Trainer; annotated loosely to
 
     c = console()
     c.print(f"[bold green]done[/bold green]: {trainer.iteration} iterations")
-    c.print(f"  run directory  {escape(str(trainer.run_dir))}")
+    c.print(f"  run directory  {escape(str(trainer.run_dir))}", soft_wrap=True)
     if trainer.last_checkpoint is not None:
-        c.print(f"  checkpoint     {escape(str(trainer.last_checkpoint))}")
+        c.print(f"  checkpoint     {escape(str(trainer.last_checkpoint))}", soft_wrap=True)
     if trainer.last_sample_path is not None:
-        c.print(f"  samples        {escape(str(trainer.last_sample_path))}")
+        c.print(f"  samples        {escape(str(trainer.last_sample_path))}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
