@@ -212,3 +212,13 @@ def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
     screen = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0, screen
     assert "it/s" in screen and "ETA" in screen and "40/40" in screen and "loss" in screen
+
+
+def test_a_runs_config_yaml_resumes_that_run(output_root: Path, tmp_path: Path) -> None:
+    first = run_cli("train", "-c", "Toy/config_sft_toy", *TINY, "log_config.name=from_yaml", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    run_dir = output_root / "fastgen" / "toy" / "from_yaml"
+    again = run_cli("train", f"--config={run_dir / 'config.yaml'}", "trainer.max_iter=5", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "resumed from" in again.stderr and "iteration 5/5" in again.stderr
+    assert (run_dir / "checkpoints" / "0000005.pth").is_file()
