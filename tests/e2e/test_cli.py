@@ -222,3 +222,10 @@ def test_a_runs_config_yaml_resumes_that_run(output_root: Path, tmp_path: Path) 
     assert again.returncode == 0, again.stderr
     assert "resumed from" in again.stderr and "iteration 5/5" in again.stderr
     assert (run_dir / "checkpoints" / "0000005.pth").is_file()
+
+
+def test_shell_completion_script_and_completions() -> None:
+    script = run_cli("--show-completion", "bash")
+    assert script.returncode == 0 and "_fastgen_completion" in script.stdout
+    completions = run_cli(env={"_FASTGEN_COMPLETE": "complete_bash", "COMP_WORDS": "fastgen dr", "COMP_CWORD": "1"})
+    assert "dryrun" in completions.stdout
