@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from string import Template
-from typing import Optional
 
 import typer
 

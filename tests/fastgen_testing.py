@@ -98,3 +98,42 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run([FASTGEN, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    """A free TCP port on loopback, for a test's process group rendezvous."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shutdown_gloo() -> None:
+    """Leave a test process group cleanly: a barrier first, so no rank tears down its connections while another
+    is still using them (that race aborts the slower process with 'terminate called without an active
+    exception')."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+
+def join_ranks(context: Any, timeout: float = 90.0) -> None:
+    """Wait for ``torch.multiprocessing.start_processes(..., join=False)`` workers; kill them on timeout."""
+    import time
+
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    try:
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the ranks did not finish within {timeout:.0f} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()

@@ -29,6 +29,25 @@ GradClip_CALLBACK: dict[str, DictConfig] = {
 WANDB_CALLBACK: dict[str, DictConfig] = {
     "wandb": LazyCall("fastgen.callbacks.wandb.WandbCallback")(sample_iter=1000, num_samples=64),
 }
+GPU_STATS_CALLBACK: dict[str, DictConfig] = {
+    "gpu_stats": LazyCall("fastgen.callbacks.gpu_stats.GPUStatsCallback")(every_n=None),
+}
+TRAIN_PROFILER_CALLBACK: dict[str, DictConfig] = {
+    "train_profiler": LazyCall("fastgen.callbacks.train_profiler.TrainProfilerCallback")(every_n=None, sync_device=True),
+}
+PARAM_COUNT_CALLBACK: dict[str, DictConfig] = {
+    "param_count": LazyCall("fastgen.callbacks.param_count.ParamCountCallback")(),
+}
+RANK_CONSISTENCY_CALLBACK: dict[str, DictConfig] = {
+    "rank_consistency": LazyCall("fastgen.callbacks.rank_consistency.RankConsistencyCallback")(every_n=100, check_params=False),
+}
+# EDM2 forced weight normalisation of magnitude-preserving layers (fastgen.networks.edm2), before each step.
+FORCED_WEIGHT_NORM_CALLBACK: dict[str, DictConfig] = {
+    "forced_weight_norm": LazyCall("fastgen.callbacks.forced_weight_norm.ForcedWeightNormCallback")(),
+}
+CT_SCHEDULE_CALLBACK: dict[str, DictConfig] = {
+    "ct_schedule": LazyCall("fastgen.callbacks.ct_schedule.CTScheduleCallback")(q=2.0, ratio_limit=0.999, kimg_per_stage=100.0),
+}
 # The callbacks every recipe starts from; EMA presets go before these (see the module docstring).
 BASE_CALLBACKS: dict[str, DictConfig] = {
     **GradClip_CALLBACK,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -124,8 +125,15 @@ def test_wandb_offline_run_holds_scalars_and_sample_images(output_root: Path) ->
     run_dir = trainer.run_dir
     offline = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 1
-    records = next(offline[0].glob("run-*.wandb")).read_bytes()
-    for key in (b"total_loss", b"grad_norm", b"ema/ema_beta", b"lr/net"):
+    keys = (b"total_loss", b"grad_norm", b"ema/ema_beta", b"lr/net")
+    # W&B's service process writes the transaction log asynchronously; give it a bounded moment to close it.
+    deadline = time.monotonic() + 30
+    while True:
+        records = next(offline[0].glob("run-*.wandb")).read_bytes()
+        if all(key in records for key in keys) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for key in keys:
         assert key in records, key
     images = list((offline[0] / "files" / "media" / "images").glob("samples_*.png"))
     assert len(images) == 2  # iterations 2 and 4
