@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from fastgen_testing import free_port, join_ranks, shutdown_gloo
+from fastgen_testing import exit_rank, free_port, join_ranks, shutdown_gloo
 
 from fastgen.callbacks.param_count import ParamCountCallback, count_parameters, format_table
 
@@ -93,6 +93,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
     finally:
         shutdown_gloo()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    exit_rank()
 
 
 def test_dtensor_sharded_linear_on_two_gloo_ranks(tmp_path: Path) -> None:

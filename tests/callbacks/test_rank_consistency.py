@@ -22,7 +22,7 @@ from fastgen.callbacks.rank_consistency import (
 )
 from fastgen.trainer import Trainer
 from fastgen.utils.errors import FastGenRuntimeError
-from fastgen_testing import tiny_toy_config, free_port, join_ranks, shutdown_gloo
+from fastgen_testing import tiny_toy_config, exit_rank, free_port, join_ranks, shutdown_gloo
 
 M64 = (1 << 64) - 1
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool]
@@ -202,6 +202,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
     finally:
         shutdown_gloo()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    exit_rank()
 
 
 def test_two_gloo_ranks_identical_pass_drift_raises(tmp_path: Path) -> None:
