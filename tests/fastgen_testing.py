@@ -93,6 +93,16 @@ def state_tensors(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     return flat
 
 
+def assert_same_weights(path_a: Path, path_b: Path) -> None:
+    """Two checkpoints hold bit-identical model and optimizer tensors."""
+    from fastgen.utils.checkpointer import load_checkpoint
+
+    a, b = state_tensors(load_checkpoint(path_a)), state_tensors(load_checkpoint(path_b))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs"
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     """Run the installed ``fastgen`` command and capture its output."""
     full_env = dict(os.environ)

@@ -137,8 +137,13 @@ class CallbackDict(Mapping[str, Callback]):
         if not isinstance(callback, Callback):
             raise TypeError(f"callback {name!r} is a {type(callback).__name__}, not a fastgen Callback")
         self._callbacks[name] = callback
-        for hook in HOOKS:  # drop cached callers so they include the new callback
-            self.__dict__.pop(hook, None)
+        self.refresh()
+
+    def refresh(self, hook: str | None = None) -> None:
+        """Drop the cached caller of ``hook`` (default: every hook), so the next call rebuilds it from the
+        callbacks' current methods - after a callback is added, or a callback's hook method is replaced."""
+        for name in HOOKS if hook is None else (hook,):
+            self.__dict__.pop(name, None)
 
     def bind(self, config: BaseConfig, trainer: Trainer) -> None:
         for callback in self._callbacks.values():

@@ -145,15 +145,13 @@ class TrainProfilerCallback(Callback):
                     continue
                 setattr(callback, hook, self._timed(name, hook, method))
                 self._wrapped.append((callback, hook))
-                # A caller cached before now would still hold the unwrapped method: drop it so the dispatcher
-                # rebuilds it (the same thing CallbackDict.add does when a callback is added).
-                vars(dispatcher).pop(hook, None)
+                dispatcher.refresh(hook)  # a caller cached before now still holds the unwrapped method
 
     def _unwrap_callbacks(self) -> None:
         for callback, hook in self._wrapped:
             if getattr(vars(callback).get(hook), _WRAPPED_BY, None) is self:
                 delattr(callback, hook)  # the class's method shows through again
-                vars(self.trainer.callbacks).pop(hook, None)
+                self.trainer.callbacks.refresh(hook)
         self._wrapped = []
 
     # ---- hooks ---------------------------------------------------------------------------------------------

@@ -121,7 +121,7 @@ def _import_config_module(path: Path) -> Any:
         try:
             module = importlib.import_module(name)
             if Path(module.__file__ or "").resolve() == path.resolve():
-                if getattr(module, "__fastgen_mtime__", None) not in (None, path.stat().st_mtime_ns):
+                if hasattr(module, "__fastgen_mtime__") and not _fresh(module, path):
                     module = importlib.reload(module)
                 module.__fastgen_mtime__ = path.stat().st_mtime_ns
                 return module

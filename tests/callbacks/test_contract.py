@@ -22,7 +22,7 @@ from fastgen.callbacks.callback import Callback
 from fastgen.configs.instantiate import instantiate
 from fastgen.trainer import Trainer
 from fastgen.utils.checkpointer import load_checkpoint
-from fastgen_testing import state_tensors, tiny_toy_config
+from fastgen_testing import assert_same_weights, tiny_toy_config
 
 
 def shipped_callback_classes() -> list[type[Callback]]:
@@ -89,8 +89,4 @@ def test_callback_contract(cls: type[Callback]) -> None:
     resumed = Trainer(_config(cls, f"{cls.__name__}_resumed", max_iter=6))
     resumed.run()
     assert resumed.start_iteration == 4
-    a = state_tensors(load_checkpoint(straight.checkpointer.path_for(6)))
-    b = state_tensors(load_checkpoint(resumed.checkpointer.path_for(6)))
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
+    assert_same_weights(straight.checkpointer.path_for(6), resumed.checkpointer.path_for(6))

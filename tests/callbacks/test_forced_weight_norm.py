@@ -18,8 +18,7 @@ from fastgen.configs.callbacks import FORCED_WEIGHT_NORM_CALLBACK
 from fastgen.configs.net_edm2 import edm2_unet
 from fastgen.networks.edm2 import mpconv_weights
 from fastgen.trainer import Trainer
-from fastgen.utils.checkpointer import load_checkpoint
-from fastgen_testing import state_tensors, tiny_toy_config
+from fastgen_testing import assert_same_weights, tiny_toy_config
 
 
 def edm2_digits_config(name: str, max_iter: int = 4, fwn: dict[str, DictConfig] | None = None, **trainer: Any):
@@ -115,8 +114,4 @@ def test_stopped_and_resumed_run_is_bit_identical() -> None:
     resumed = Trainer(edm2_digits_config("fwn_resumed", max_iter=4, save_ckpt_iter=2))
     resumed.run()
     assert resumed.start_iteration == 2
-    a = state_tensors(load_checkpoint(straight.checkpointer.path_for(4)))
-    b = state_tensors(load_checkpoint(resumed.checkpointer.path_for(4)))
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
+    assert_same_weights(straight.checkpointer.path_for(4), resumed.checkpointer.path_for(4))

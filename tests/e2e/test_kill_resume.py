@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fastgen.utils.checkpointer import load_checkpoint
-from fastgen_testing import run_cli, state_tensors
+from fastgen_testing import assert_same_weights, run_cli
 
 CONFIG = '''
 import os
@@ -86,15 +86,13 @@ def config_file(tmp_path: Path) -> Path:
     return path
 
 
-def _final(output_root: Path, name: str) -> dict:
-    return load_checkpoint(output_root / "fastgen" / "default" / name / "checkpoints" / "0000014.pth")
+def _final(output_root: Path, name: str) -> Path:
+    return output_root / "fastgen" / "default" / name / "checkpoints" / "0000014.pth"
 
 
-def _assert_identical(a: dict, b: dict) -> None:
-    ta, tb = state_tensors(a), state_tensors(b)
-    assert ta.keys() == tb.keys()
-    for key in ta:
-        assert torch.equal(ta[key], tb[key]), f"{key} differs"
+def _assert_identical(path_a: Path, path_b: Path) -> None:
+    assert_same_weights(path_a, path_b)
+    a, b = load_checkpoint(path_a), load_checkpoint(path_b)
     assert torch.equal(a["rng"][0]["torch"], b["rng"][0]["torch"])
     assert a["callbacks"] == b["callbacks"]
     assert a["dataloaders"] == b["dataloaders"]
