@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from fastgen.configs.config import BaseConfig
 
-DEFAULT_RECIPE = "Digits/config_sft_digits"
+DEFAULT_RECIPE = "Digits/config_dmd2_digits"
 _console: Console | None = None
 _out: Console | None = None
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+import os
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
@@ -18,17 +19,19 @@ Examples:
   fastgen dryrun                                         # the quick-start recipe
   fastgen dryrun --config=Toy/config_sft_toy --yaml      # as YAML (what config.yaml will hold)
   fastgen dryrun -c configs/my_exp.py - trainer.max_iter=10 model.use_ema=false
+  fastgen dryrun -c Digits/config_sft_digits --world-size 8 - trainer.fsdp=true   # memory per rank, sharded
+
+The memory estimate (parameters, gradients, optimizer state per rank) is computed on the meta device;
+`fastgen profile-memory` measures the real peak, activations included.
 """
 
 
-def parameter_counts(config: BaseConfig) -> list[tuple[str, int, int]]:
+def parameter_counts(config: BaseConfig, model: Any = None) -> list[tuple[str, int, int]]:
     """``(module, total, trainable)`` per module of the model, built on the meta device (no weights, no data)."""
-    import torch
+    from fastgen.profiling.estimate import build_meta_model
 
-    from fastgen.configs.instantiate import instantiate
-
-    with torch.device("meta"):
-        model = instantiate(config.model_class, config=config.model)
+    if model is None:
+        model = build_meta_model(config)
     rows = []
     trainable_names = set(getattr(model, "trainable_modules", {"net": None}))
     for name, module in model.model_dict.items():
@@ -68,24 +71,56 @@ def _tree(node, label: str):  # noqa: ANN001, ANN202 - rich objects built lazily
     return tree
 
 
-def show_plan(config: BaseConfig, as_yaml: bool) -> None:
+def show_plan(config: BaseConfig, as_yaml: bool, world_size: int | None = None) -> None:
     from rich.table import Table
 
     from fastgen.configs.config_utils import config_to_yaml
+    from fastgen.profiling.estimate import build_meta_model
 
     console = out()
     if as_yaml:
         console.print(config_to_yaml(config), end="", markup=False, soft_wrap=True)
         return
     console.print(_tree(config, f"[bold]config[/bold] [dim]({type(config).__name__})[/dim]"))
+    model = build_meta_model(config)
     table = Table(title="build plan", show_edge=False)
     table.add_column("module")
     table.add_column("parameters", justify="right")
     table.add_column("trainable", justify="right")
-    for name, total, trainable in parameter_counts(config):
+    for name, total, trainable in parameter_counts(config, model):
         table.add_row(name, f"{total:,}", f"{trainable:,}")
     console.print(table)
+    console.print(memory_table(config, model, world_size))
     console.print(f"run directory: {config.log_config.save_path}", markup=False)
+
+
+def memory_table(config: BaseConfig, model: Any, world_size: int | None = None) -> Any:
+    """The per-rank memory estimate (``fastgen.profiling.estimate``) as a Rich table."""
+    from rich.table import Table
+
+    from fastgen.profiling.estimate import estimate_memory
+    from fastgen.profiling.report import fmt_bytes
+
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    estimate = estimate_memory(config, world_size=world_size, model=model)
+    layout = f"sharded over {world_size} ranks (FSDP)" if estimate["sharded"] else \
+        f"{world_size} rank{'s' if world_size > 1 else ''}, replicated" if world_size > 1 else "1 rank"
+    table = Table(title=f"memory per rank (estimate, {layout})", show_edge=False)
+    table.add_column("state")
+    table.add_column("bytes", justify="right")
+    table.add_column("size", justify="right")
+    table.add_column("counted from")
+    notes = {
+        "parameters": "parameters and buffers of every module (EMA included)",
+        "gradients": "one per parameter an optimizer steps",
+        "optimizer_state": estimate["method"],
+    }
+    for key, label in (("parameters", "parameters"), ("gradients", "gradients"), ("optimizer_state", "optimizer state")):
+        table.add_row(label, f"{estimate[key]:,}", fmt_bytes(estimate[key]), notes[key])
+    table.add_row("[bold]total[/bold]", f"{estimate['total']:,}", fmt_bytes(estimate["total"]),
+                  "+ activations: measure with `fastgen profile-memory`")
+    return table
 
 
 def dryrun(
@@ -93,10 +128,15 @@ def dryrun(
     config: Optional[str] = typer.Option(None, "--config", "-c", help="Config .py file, config.yaml or recipe name.", show_default=False),
     as_yaml: bool = typer.Option(False, "--yaml", help="Print the resolved config as YAML instead of a tree."),
     log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="Ranks for the per-rank memory estimate. Default: $WORLD_SIZE or 1.", show_default=False),
 ) -> None:
-    """Resolve, validate and print a config and its build plan (parameter counts); writes nothing."""
+    """Resolve, validate and print a config and its build plan (parameter counts, memory per rank); writes nothing."""
     setup_logging(log_level)
-    show_plan(resolve_config(config, overrides), as_yaml)
+    if world_size is not None and world_size < 1:
+        from fastgen.utils.errors import UsageError
+
+        raise UsageError(f"--world-size must be at least 1, got {world_size}")
+    show_plan(resolve_config(config, overrides), as_yaml, world_size)
 
 
 def register(app: typer.Typer) -> None:

@@ -19,7 +19,10 @@ import typer  # noqa: E402
 
 from fastgen.cli import dryrun as dryrun_cmd  # noqa: E402
 from fastgen.cli import env as env_cmd  # noqa: E402
+from fastgen.cli import eval as eval_cmd  # noqa: E402
 from fastgen.cli import init as init_cmd  # noqa: E402
+from fastgen.cli import profile_memory as profile_memory_cmd  # noqa: E402
+from fastgen.cli import sample as sample_cmd  # noqa: E402
 from fastgen.cli import train as train_cmd  # noqa: E402
 
 app = typer.Typer(
@@ -52,6 +55,9 @@ train_cmd.register(app)
 dryrun_cmd.register(app)
 init_cmd.register(app)
 env_cmd.register(app)
+profile_memory_cmd.register(app)
+sample_cmd.register(app)
+eval_cmd.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -206,6 +206,7 @@ class Trainer:
             self.iteration = self.start_iteration = int(payload["iteration"])
             logger.info("resumed from %s (iteration %d)", latest, self.iteration)
             return str(latest), payload
+        model.init_weights()
         if ckpt_cfg.pretrained_ckpt_path:
             payload = load_checkpoint(ckpt_cfg.pretrained_ckpt_path)
             self._restore_modules(model, payload, ckpt_cfg.pretrained_ckpt_path, allow_missing=True)

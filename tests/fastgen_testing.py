@@ -161,3 +161,233 @@ def exit_rank() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+# ---- W&B offline runs, and a tiny video model with camera poses (for the W&B media and log-module tests) --------
+def read_wandb_history(run_dir: Path, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The history rows (``run.log`` calls) of the one offline W&B run under ``run_dir/wandb``.
+
+    Parses the run's ``.wandb`` transaction log: a 7-byte header (``:W&B``, magic, version), then LevelDB-log
+    framing (32 KiB blocks; records of ``crc32 u32, length u16, type u8`` + payload, split FIRST/MIDDLE/LAST
+    across blocks) around ``wandb_internal_pb2.Record`` protobufs. The installed wandb has no reader of its own
+    (``wandb.sdk.internal.datastore`` is gone). Waits, bounded, for the run's exit record.
+    """
+    import json
+    import struct
+    import time
+
+    from wandb.proto import wandb_internal_pb2
+
+    runs = sorted(Path(run_dir, "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1, f"expected one offline W&B run under {run_dir}, found {runs}"
+    deadline = time.monotonic() + timeout
+    while True:
+        data = runs[0].read_bytes()
+        records, pending, pos, block = [], b"", 7, 32768
+        assert data[:4] == b":W&B"
+        while pos + 7 <= len(data):
+            if block - pos % block < 7:
+                pos += block - pos % block
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+            if kind == 1:
+                records.append(chunk)
+            elif kind == 2:
+                pending = chunk
+            elif kind == 3:
+                pending += chunk
+            elif kind == 4:
+                records.append(pending + chunk)
+        parsed = []
+        for raw in records:
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(raw)
+            parsed.append(record)
+        if any(r.WhichOneof("record_type") == "exit" for r in parsed) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    rows = []
+    for record in parsed:
+        if record.WhichOneof("record_type") == "history":
+            rows.append({(item.key or "/".join(item.nested_key)): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows
+
+
+class FlatMLPDenoiser(torch.nn.Module):
+    """``MLPDenoiser`` on flattened samples of any shape (videos, audio) - a stand-in backbone for tests."""
+
+    def __init__(self, shape: list[int], hidden_dim: int = 32, num_layers: int = 1) -> None:
+        super().__init__()
+        from fastgen.networks.mlp import MLPDenoiser
+
+        self.shape = list(shape)
+        self.mlp = MLPDenoiser(data_dim=int(torch.tensor(self.shape).prod()), hidden_dim=hidden_dim, num_layers=num_layers)
+
+    def forward(self, x: torch.Tensor, c_noise: torch.Tensor, condition: Any = None, r_noise: Any = None,
+                feature_indices: Any = None, return_logvar: bool = False) -> torch.Tensor:
+        out = self.mlp(x.flatten(1), c_noise, condition=condition, r_noise=r_noise, return_logvar=return_logvar)
+        return out.reshape(x.shape)
+
+
+def circle_poses(frames: int, radius: float = 2.0, phase: float = 0.0, height: float = 0.5) -> torch.Tensor:
+    """``(T, 4, 4)`` camera-to-world poses (OpenCV axes: x right, y down, z forward) on a circle of ``radius``
+    in the x-z plane at height ``height`` (y = -height), each camera looking at the circle's centre."""
+    import math
+
+    poses = torch.zeros(frames, 4, 4)
+    for t in range(frames):
+        a = phase + 2 * math.pi * t / frames
+        center = torch.tensor([radius * math.cos(a), -height, radius * math.sin(a)])
+        forward = -center * torch.tensor([1.0, 0.0, 1.0])
+        forward = forward / forward.norm()
+        down = torch.tensor([0.0, 1.0, 0.0])
+        right = torch.linalg.cross(down, forward)
+        poses[t, :3, 0], poses[t, :3, 1], poses[t, :3, 2], poses[t, :3, 3] = right, down, forward, center
+        poses[t, 3, 3] = 1.0
+    return poses
+
+
+class TinyVideoDataset:
+    """Moving squares ``(3, T, H, W)`` in ``[-1, 1]`` with per-sample camera poses (a circle), intrinsics and
+    2-D actions - the batch keys ``VipeLogger`` reads."""
+
+    def __init__(self, num_samples: int = 64, frames: int = 4, size: int = 8) -> None:
+        self.n, self.frames, self.size = num_samples, frames, size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def get_batch(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        import math
+
+        b, t, s = len(indices), self.frames, self.size
+        real = torch.full((b, 3, t, s, s), -1.0)
+        poses = torch.zeros(b, t, 4, 4)
+        actions = torch.zeros(b, t, 2)
+        for row, i in enumerate(indices.tolist()):
+            for f in range(t):
+                x = (i + f) % (s - 2)
+                real[row, i % 3, f, 2:5, x:x + 2] = 1.0
+                angle = 2 * math.pi * (i + f) / 8
+                actions[row, f] = torch.tensor([math.cos(angle), math.sin(angle)])
+            poses[row] = circle_poses(t, phase=0.3 * i)
+        intrinsics = torch.tensor([[10.0, 0.0, s / 2], [0.0, 10.0, s / 2], [0.0, 0.0, 1.0]]).expand(b, 3, 3).clone()
+        return {"real": real, "camera_poses": poses, "intrinsics": intrinsics, "actions": actions}
+
+
+def tiny_video_config(name: str = "tiny_video", max_iter: int = 4, frames: int = 4, size: int = 8, **trainer: Any) -> BaseConfig:
+    """A flattened-MLP "video model" on ``TinyVideoDataset`` (``input_shape = [3, T, H, W]``), EMA on."""
+    from fastgen.configs.instantiate import LazyCall
+    from fastgen.configs.net import edm_schedule
+
+    config = tiny_toy_config(name, max_iter=max_iter, **trainer)
+    shape = [3, frames, size, size]
+    config.model.input_shape = shape
+    config.model.sample_steps = 2
+    config.model.net = LazyCall("fastgen.networks.diffusion_net.DiffusionNet")(
+        backbone=LazyCall("fastgen_testing.FlatMLPDenoiser")(shape=shape, hidden_dim=32, num_layers=1),
+        noise_scheduler=edm_schedule(sigma_data=0.5),
+    )
+    loader = LazyCall("fastgen.datasets.loader.build_dataloader")
+    config.dataloader_train = loader(dataset=LazyCall("fastgen_testing.TinyVideoDataset")(num_samples=64, frames=frames, size=size),
+                                     batch_size=4, shuffle=True, seed=0)
+    config.dataloader_val = None
+    return config
+
+
+class JudgeServer:
+    """An OpenAI-compatible chat-completions endpoint on 127.0.0.1 for judge tests (a real HTTP server in a
+    thread). Each request is recorded (``requests``: headers, path and JSON body) and answered by the next item of
+    ``script`` (then ``default``): ``{"status": 200, "content": "Score: 7/10"}``, ``{"status": 500}``, or with
+    ``"hold": threading.Event`` to wait (at most ``hold_timeout`` s) for the test to release it first."""
+
+    def __init__(self, script: list[dict[str, Any]] | None = None, default: dict[str, Any] | None = None,
+                 hold_timeout: float = 20.0) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.script = list(script or [])
+        self.default = default or {"status": 200, "content": '{"score": 7}'}
+        self.holds = [a["hold"] for a in [*self.script, self.default] if a.get("hold") is not None]
+        self.requests: list[dict[str, Any]] = []
+        self.answered = 0
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with server.lock:
+                    server.requests.append({"path": self.path, "headers": dict(self.headers.items()),
+                                            "body": json.loads(body)})
+                    action = server.script.pop(0) if server.script else server.default
+                if action.get("hold") is not None:
+                    action["hold"].wait(hold_timeout)
+                status = int(action.get("status", 200))
+                if status == 200:
+                    reply = {"id": "chatcmpl-test", "object": "chat.completion", "model": server.requests[-1]["body"].get("model"),
+                             "choices": [{"index": 0, "finish_reason": "stop",
+                                          "message": {"role": "assistant", "content": action.get("content", "")}}]}
+                    payload = json.dumps(reply).encode()
+                else:
+                    payload = json.dumps({"error": {"message": f"test error {status}"}}).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except OSError:  # the client gave up (timeout test)
+                    pass
+                with server.lock:
+                    server.answered += 1
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> JudgeServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for hold in self.holds:
+            hold.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def wait_for(self, count: int, timeout: float = 20.0) -> None:
+        """Block until ``count`` requests have arrived (raise after ``timeout`` s - a hang, not a timing check)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while len(self.requests) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the judge server got {len(self.requests)} of {count} requests")
+            time.sleep(0.01)
+
+
+def write_cifar10_binary(folder: Path, per_file: int = 8, seed: int = 0,
+                         files: tuple[str, ...] = ("data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                                                   "data_batch_4.bin", "data_batch_5.bin", "test_batch.bin"),
+                         ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Write small files in CIFAR-10's binary format (records of 1 label byte + 3,072 CHW pixel bytes) into
+    ``folder``; return ``{file name: (uint8 images (n, 3, 32, 32), int64 labels (n,))}`` as written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    written = {}
+    for name in files:
+        labels = torch.randint(0, 10, (per_file,), generator=g)
+        images = torch.randint(0, 256, (per_file, 3, 32, 32), generator=g, dtype=torch.uint8)
+        records = torch.cat([labels.to(torch.uint8)[:, None], images.reshape(per_file, -1)], dim=1)
+        (folder / name).write_bytes(records.numpy().tobytes())
+        written[name] = (images, labels)
+    return written

@@ -1,35 +1,68 @@
-"""WandbCallback: Weights & Biases logging of scalars and sample images (rank 0 only).
+"""WandbCallback: Weights & Biases logging of scalars, sample media (images, videos, audio) and log modules.
 
-Scalars: every ``loss_dict`` entry, averaged over the steps of each logging window (``trainer.logging_iter``),
-plus what other callbacks report with ``trainer.log_scalar`` (``grad_norm``, ``ema/<name>_beta``, ...), the
-learning rates (``lr/<optimizer>``), and validation losses (``val/<key>``). Logged at ``step=iteration``.
+Logged keys (all at ``step=iteration``, the number of completed optimizer steps):
 
-Images: every ``sample_iter`` iterations and at the end of training, ``num_samples`` samples from the model's
-sampling network (the first EMA network when ``model.use_ema`` is set - which is why EMA callbacks must come
-before this one) drawn with a private, fixed-seed generator so logging never changes the training random stream.
-Each grid is also written to ``<run dir>/samples/iter_XXXXXXX.png``.
+* every scalar of ``loss_dict`` (``total_loss``, ...) - the trainer already averages each step's values over its
+  ``R`` gradient-accumulation rounds; this callback averages them over the steps of the logging window
+  (``trainer.logging_iter``) and then over ranks: ``logged = (1/W) sum_w (1/|S|) sum_{s in S} (1/R) sum_r
+  loss_{w,s,r}`` for ``W`` ranks and window steps ``S`` (one all-reduce of all keys per window);
+* ``<module>/<key>`` - the ``loss_dict`` a log module returns, aggregated the same way (window mean; its value is
+  broadcast from rank 0 so every rank takes part in the all-reduce);
+* what other callbacks report with ``trainer.log_scalar`` (``grad_norm``, ``ema/<name>_beta``, ...), as reported;
+* ``lr/<optimizer>`` - each optimizer's current learning rate;
+* ``val/<key>`` - validation losses (already averaged over batches and ranks by the trainer);
+* ``samples`` - every ``sample_iter`` iterations and at the end of training, ``num_samples`` samples in total
+  (rank ``r`` of ``W`` draws ``len(range(r, num_samples, W))`` of them with a private generator seeded
+  ``sample_seed + r``, so logging never changes the training random stream), gathered to rank 0 and logged by
+  their shape (``media="auto"``): ``(N, C, T, H, W)`` -> a looping GIF of the sample grid (``wandb.Video``, written
+  with Pillow: no moviepy or ffmpeg); ``(N, C, H, W)`` -> an image grid (``wandb.Image``); ``(N, 2)`` toy points ->
+  a scatter plot; ``(N, C, T)`` or ``(N, T)`` waveforms -> up to ``max_audio`` clips logged as ``samples/<k>``
+  (``wandb.Audio`` of a 16-bit WAV written with the stdlib ``wave`` module: no soundfile). Local copies go to ``<run dir>/samples/iter_XXXXXXX.{png,gif}``
+  and ``iter_XXXXXXX_<k>.wav``;
+* ``<module>/<key>`` media - whatever the log modules return (see ``fastgen.callbacks.log_modules.base``).
+
+Samples come from the model's sampling network - the first EMA network when ``model.use_ema`` is set. EMA
+callbacks update the EMA in ``on_training_step_end``, so to make "the samples of iteration k use the EMA after
+update k" hold whatever the callback order, this callback does not sample (or flush scalars) inside its own
+``on_training_step_end``: it marks the step and does the work at the next point after *every* callback's
+``on_training_step_end`` has run - the next ``on_training_step_begin``, ``on_save_checkpoint_start`` or
+``on_train_end``, whichever comes first. Nothing changes the weights between those points (validation runs
+without gradients), so the result is the same as sampling at the very end of step ``k``; scalars that later
+callbacks report during step ``k`` are logged with step ``k`` too.
+
+Log modules (``log_modules={"name": LogModule}``): at each sample step every rank builds one ``MediaEntry`` per
+sample (with ``metadata`` copied from the batch keys in ``metadata_keys``, e.g. camera poses and actions), the
+entries are gathered to rank 0, and each module's ``process(entries, iteration)`` runs there; at the end of
+training each module's ``close`` may return final results. A module that raises is reported with a warning and
+skipped for that step (so one bad module cannot hang the other ranks at the next collective).
 
 Mode: ``log_config.wandb_mode`` - ``online``, ``offline``, ``disabled``, or ``auto``: ``WANDB_MODE`` when set,
 else online when an API key is available (``WANDB_API_KEY`` or ``credentials_dir/wandb_api.txt``) and
 offline otherwise, with a one-line hint to upload later with ``wandb sync``. The W&B run id is stored in the run
 directory (``wandb_run_id.txt``) so a resumed run continues the same W&B run. The logged config has secrets
-redacted.
+redacted. With W&B disabled, samples are still drawn and saved locally and the log modules still run.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fastgen.callbacks.callback import Callback
+from fastgen.callbacks.log_modules.base import LogModule, MediaEntry, gather_to_rank0
 from fastgen.utils import distributed as dist_utils
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
+
+MEDIA_MODES = ("auto", "image", "video", "audio", "points")
+DEFAULT_METADATA_KEYS = ("camera_poses", "intrinsics", "actions", "prompt", "caption")
 
 
 def resolve_wandb_mode(configured: str) -> str:
@@ -43,20 +76,74 @@ def resolve_wandb_mode(configured: str) -> str:
     return "online" if os.environ.get("WANDB_API_KEY") else "offline"
 
 
+def media_kind(samples: torch.Tensor, media: str = "auto") -> str:
+    """The kind of media a batch of samples is: ``video`` (5-D), ``image`` (4-D), ``audio`` (3-D, or 2-D with
+    more than 3 values per sample) or ``points`` (2-D with at most 3 values per sample); ``media`` forces one."""
+    if media != "auto":
+        return media
+    if samples.dim() == 5:
+        return "video"
+    if samples.dim() == 4:
+        return "image"
+    if samples.dim() == 3:
+        return "audio"
+    if samples.dim() == 2:
+        return "points" if samples.shape[1] <= 3 else "audio"
+    raise ValueError(f"cannot tell what kind of media samples of shape {tuple(samples.shape)} are; set media=")
+
+
+def _slice_rows(value: Any, count: int) -> Any:
+    """The first ``count`` rows of a batch value (cycled when the batch is smaller), on the CPU."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 or value.shape[0] == 0:
+            return None
+        rows = torch.arange(count) % value.shape[0]
+        return value.detach()[rows.to(value.device)].cpu()
+    if isinstance(value, (list, tuple)) and value:
+        return [value[i % len(value)] for i in range(count)]
+    return None
+
+
 class WandbCallback(Callback):
     def __init__(self, sample_iter: int = 1000, num_samples: int = 64, sample_seed: int = 0,
-                 save_local_images: bool = True) -> None:
+                 save_local_images: bool = True, media: str = "auto", video_fps: float = 8.0,
+                 sample_rate: int = 16000, max_audio: int = 4,
+                 metadata_keys: Sequence[str] = DEFAULT_METADATA_KEYS,
+                 log_modules: Mapping[str, LogModule] | None = None,
+                 module_close_timeout_s: float = 60.0) -> None:
+        if media not in MEDIA_MODES:
+            raise ValueError(f"media must be one of {', '.join(MEDIA_MODES)}; got {media!r}")
         self.sample_iter = int(sample_iter)
         self.num_samples = int(num_samples)
         self.sample_seed = int(sample_seed)
         self.save_local_images = save_local_images
+        self.media = media
+        self.video_fps = float(video_fps)
+        self.sample_rate = int(sample_rate)
+        self.max_audio = int(max_audio)
+        self.metadata_keys = tuple(metadata_keys)
+        self.log_modules: dict[str, LogModule] = {}
+        for name, module in (log_modules or {}).items():
+            if not isinstance(module, LogModule):
+                raise TypeError(f"log_modules[{name!r}] is a {type(module).__name__}, not a LogModule")
+            module.name = str(name)
+            self.log_modules[str(name)] = module
+        self.module_close_timeout_s = float(module_close_timeout_s)
         self.run: Any = None
         self._sums: dict[str, torch.Tensor] = {}
-        self._count = 0
-        self._last_image_iter = -1
+        self._counts: dict[str, int] = {}
+        self._flush_due: int | None = None
+        self._sample_due: int | None = None
+        self._sample_metadata: dict[str, Any] = {}
+        self._last_sample_iter = -1
+        self._modules_closed = False
+        self._tmp: tempfile.TemporaryDirectory | None = None
 
     # ---- setup / teardown ----------------------------------------------------------------------------------
     def on_train_begin(self, model: Any, iteration: int = 0) -> None:
+        run_dir = Path(self.trainer.run_dir)
+        for module in self.log_modules.values():
+            module.setup(run_dir, dist_utils.is_rank0())
         if not dist_utils.is_rank0():
             return
         mode = resolve_wandb_mode(self.config.log_config.wandb_mode)
@@ -67,7 +154,6 @@ class WandbCallback(Callback):
 
         from fastgen.configs.config_utils import config_to_dict
 
-        run_dir = Path(self.trainer.run_dir)
         id_file = run_dir / "wandb_run_id.txt"
         run_id = id_file.read_text().strip() if id_file.is_file() else None
         if not run_id:
@@ -94,33 +180,82 @@ class WandbCallback(Callback):
             logger.info("W&B: %s, logging offline to %s (upload later with `wandb sync %s`)", reason, sync_dir, sync_dir)
 
     def on_app_end(self) -> None:
+        if not self._modules_closed:  # training raised: stop the modules' background work, log nothing more
+            self._modules_closed = True
+            for name, module in self.log_modules.items():
+                try:
+                    module.close(timeout_s=min(self.module_close_timeout_s, 5.0))
+                except Exception:  # noqa: BLE001 - shutting down after an error: report, do not mask it
+                    logger.warning("log module %r failed to close", name, exc_info=True)
         if self.run is not None:
             self.run.finish(exit_code=1 if self.trainer.exception is not None else 0)
             self.run = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    # ---- the step: accumulate now, sample and flush once every callback has finished the step --------------
+    def on_training_step_end(self, model: Any, data_batch: dict, output_batch: dict, loss_dict: dict, iteration: int = 0) -> None:
+        self._accumulate(loss_dict)
+        if iteration % self.config.trainer.logging_iter == 0 or iteration == self.config.trainer.max_iter:
+            self._flush_due = iteration
+        if self.sample_iter > 0 and iteration % self.sample_iter == 0:
+            self._sample_due = iteration
+        if self._sample_due == iteration or iteration == self.config.trainer.max_iter:  # incl. the final samples
+            self._sample_metadata = self._batch_metadata(data_batch)
+
+    def on_training_step_begin(self, model: Any, iteration: int = 0) -> None:
+        if self._sample_due is not None or self._flush_due is not None:
+            self._after_step(model)
+
+    def on_save_checkpoint_start(self, model: Any, iteration: int = 0) -> None:
+        if self._sample_due is not None or self._flush_due is not None:
+            self._after_step(model)
+
+    def on_train_end(self, model: Any, iteration: int = 0) -> None:
+        self._after_step(model)
+        if self._last_sample_iter != iteration:
+            self._log_samples(model, iteration)
+        self._close_modules(iteration)
+        if self._sums or self._flush_due is not None:
+            self._flush_scalars(model, iteration)
+
+    def _after_step(self, model: Any) -> None:
+        if self._sample_due is not None:
+            iteration, self._sample_due = self._sample_due, None
+            self._log_samples(model, iteration)
+        if self._flush_due is not None:
+            iteration, self._flush_due = self._flush_due, None
+            self._flush_scalars(model, iteration)
 
     # ---- scalars -------------------------------------------------------------------------------------------
-    def on_training_step_end(self, model: Any, data_batch: dict, output_batch: dict, loss_dict: dict, iteration: int = 0) -> None:
-        for key, value in loss_dict.items():
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
-                value = value.detach().float()
-                self._sums[key] = self._sums[key] + value if key in self._sums else value.clone()
-        self._count += 1
-        if iteration % self.config.trainer.logging_iter == 0 or iteration == self.config.trainer.max_iter:
-            self._flush_scalars(model, iteration)
-        if self.sample_iter > 0 and iteration % self.sample_iter == 0:
-            self._log_samples(model, iteration)
+    def _accumulate(self, values: Mapping[str, Any]) -> None:
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    continue
+                value = value.detach().float().reshape(())
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = torch.tensor(float(value))
+            else:
+                continue
+            self._sums[key] = self._sums[key] + value if key in self._sums else value.clone()
+            self._counts[key] = self._counts.get(key, 0) + 1
 
     def _flush_scalars(self, model: Any, iteration: int) -> None:
-        means = {k: v / max(self._count, 1) for k, v in self._sums.items()}
-        for key in sorted(means):  # identical order on every rank for the all-reduce
-            dist_utils.all_reduce_mean(means[key])
-        scalars: dict[str, float] = {k: float(v) for k, v in means.items()}
+        keys = sorted(self._sums)  # identical order on every rank for the all-reduce
+        scalars: dict[str, float] = {}
+        if keys:
+            device = getattr(self.trainer, "device", torch.device("cpu"))
+            means = torch.stack([(self._sums[k] / self._counts[k]).to(device, torch.float32) for k in keys])
+            dist_utils.all_reduce_mean(means)  # one collective for every key: the mean over ranks
+            scalars.update(zip(keys, means.tolist()))
         for key, value in self.trainer.pop_scalars().items():
             scalars[key] = float(value)
         for name, optimizer in model.optimizer_dict.items():
             scalars[f"lr/{name}"] = float(optimizer.param_groups[0]["lr"])
         self._sums.clear()
-        self._count = 0
+        self._counts.clear()
         if self.run is not None:
             self.run.log(scalars, step=iteration)
 
@@ -128,28 +263,172 @@ class WandbCallback(Callback):
         if self.run is not None and loss_dict:
             self.run.log({f"val/{k}": float(v) for k, v in loss_dict.items()}, step=iteration)
 
-    # ---- images --------------------------------------------------------------------------------------------
-    def on_train_end(self, model: Any, iteration: int = 0) -> None:
-        if self._last_image_iter != iteration:
-            self._log_samples(model, iteration)
+    # ---- samples -------------------------------------------------------------------------------------------
+    def _batch_metadata(self, data_batch: Any) -> dict[str, Any]:
+        if not isinstance(data_batch, Mapping) or self.num_samples <= 0:
+            return {}
+        count = len(range(dist_utils.get_rank(), self.num_samples, dist_utils.get_world_size()))
+        found = {}
+        for key in self.metadata_keys:
+            if key in data_batch:
+                rows = _slice_rows(data_batch[key], count)
+                if rows is not None:
+                    found[key] = rows
+        return found
+
+    def local_entries(self, model: Any, iteration: int) -> list[MediaEntry]:
+        """This rank's share of the samples as ``MediaEntry`` objects (CPU tensors)."""
+        rank, world = dist_utils.get_rank(), dist_utils.get_world_size()
+        count = len(range(rank, self.num_samples, world))
+        if count <= 0:
+            return []
+        generator = torch.Generator().manual_seed(self.sample_seed + rank)
+        samples, labels = model.sample(count, generator=generator)
+        samples = samples.detach().float().cpu()
+        kind = media_kind(samples, self.media)
+        label_list = labels.tolist() if labels is not None else [None] * count
+        metadata = self._sample_metadata
+        entries = []
+        for i in range(count):
+            meta = {key: value[i] for key, value in metadata.items()}
+            caption = meta.get("prompt") or meta.get("caption")
+            if caption is None and label_list[i] is not None:
+                caption = f"label {int(label_list[i])}"
+            entries.append(MediaEntry(
+                kind=kind, data=samples[i], iteration=iteration, rank=rank, index=i,
+                label=None if label_list[i] is None else int(label_list[i]),
+                caption=None if caption is None else str(caption),
+                fps=self.video_fps if kind == "video" else None,
+                sample_rate=self.sample_rate if kind == "audio" else None,
+                metadata=meta,
+            ))
+        return entries
 
     def _log_samples(self, model: Any, iteration: int) -> None:
-        if not dist_utils.is_rank0() or self.num_samples <= 0:
+        if self.num_samples <= 0:
             return
-        generator = torch.Generator().manual_seed(self.sample_seed)
-        samples, labels = model.sample(self.num_samples, generator=generator)
-        self._last_image_iter = iteration
-        path = None
-        if self.save_local_images:
-            from fastgen.utils.images import save_samples_image
+        self._last_sample_iter = iteration
+        gathered = gather_to_rank0(self.local_entries(model, iteration))
+        self._sample_metadata = {}
+        module_scalars: dict[str, float] = {}
+        if gathered is not None:  # rank 0
+            entries = [entry for rank_entries in gathered for entry in rank_entries]
+            if entries:
+                self._log_media(entries, iteration)
+            for name, module in self.log_modules.items():
+                try:
+                    result = module.process(entries, iteration)
+                except Exception:  # noqa: BLE001 - a faulty module must not stop training or hang the ranks
+                    logger.warning("log module %r failed at iteration %d", name, iteration, exc_info=True)
+                    continue
+                module_scalars.update(self._log_module_result(name, result, iteration))
+        if self.log_modules:
+            module_scalars = dist_utils.broadcast_object(module_scalars)  # the same keys on every rank
+            self._accumulate(module_scalars)
 
-            path = save_samples_image(samples, Path(self.trainer.run_dir) / "samples" / f"iter_{iteration:07d}.png")
-            self.trainer.last_sample_path = path
-        if self.run is not None:
+    def _media_dir(self) -> Path:
+        if self.save_local_images:
+            return Path(self.trainer.run_dir) / "samples"
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="fastgen-wandb-media-")
+        return Path(self._tmp.name)
+
+    def _log_media(self, entries: list[MediaEntry], iteration: int) -> None:
+        from fastgen.utils.images import save_samples_image, save_samples_video
+
+        kind = entries[0].kind
+        if not self.save_local_images and self.run is None:
+            return
+        folder = self._media_dir()
+        caption = f"iteration {iteration}"
+        labels = [e.label for e in entries if e.label is not None]
+        if labels:
+            caption += "; labels row-major: " + " ".join(str(x) for x in labels[:32])
+        logged: Any = None
+        if kind in ("image", "points"):
+            data = torch.stack([e.data for e in entries])
+            if kind == "points":
+                data = data[:, :2] if data.shape[1] >= 2 else torch.cat([data, torch.zeros_like(data)], dim=1)
+            path = save_samples_image(data, folder / f"iter_{iteration:07d}.png")
+            if self.save_local_images:
+                self.trainer.last_sample_path = path
+            if self.run is not None:
+                import wandb
+
+                logged = wandb.Image(str(path), caption=caption)
+        elif kind == "video":
+            path = save_samples_video(torch.stack([e.data for e in entries]), folder / f"iter_{iteration:07d}.gif",
+                                      fps=self.video_fps)
+            if self.save_local_images:
+                self.trainer.last_sample_path = path
+            if self.run is not None:
+                import wandb
+
+                logged = wandb.Video(str(path), format="gif", caption=caption)  # a file path: no moviepy needed
+        elif kind == "audio":
+            from fastgen.callbacks.log_modules.media import save_wav
+
+            clips = []
+            for k, entry in enumerate(entries[: max(self.max_audio, 0)]):
+                path = save_wav(entry.data, entry.sample_rate or self.sample_rate, folder / f"iter_{iteration:07d}_{k}.wav")
+                clips.append((path, entry))
+            if clips and self.save_local_images:
+                self.trainer.last_sample_path = clips[0][0]
+            if self.run is not None and clips:
+                import wandb
+
+                # wandb.Audio(numpy) and lists of wandb.Audio need soundfile; one WAV file per key does not.
+                self.run.log({f"samples/{k}": wandb.Audio(str(p), sample_rate=e.sample_rate or self.sample_rate,
+                                                          caption=e.caption or f"iteration {iteration} sample {k}")
+                              for k, (p, e) in enumerate(clips)}, step=iteration)
+        if logged is not None and self.run is not None:
+            self.run.log({"samples": logged}, step=iteration)
+
+    def _log_module_result(self, name: str, result: Any, iteration: int) -> dict[str, float]:
+        """Split what a module returned into scalars (returned, for aggregation) and media (logged now)."""
+        if not result:
+            return {}
+        if not isinstance(result, Mapping):
+            logger.warning("log module %r returned a %s, not a dict; ignored", name, type(result).__name__)
+            return {}
+        scalars: dict[str, float] = {}
+        for key, value in dict(result.get("loss_dict") or {}).items():
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = float(value.detach())
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                scalars[f"{name}/{key}"] = float(value)
+        media = {f"{name}/{key}": value for key, value in result.items() if key != "loss_dict" and value is not None}
+        if media and self.run is not None:
+            self.run.log({key: self._to_wandb(value) for key, value in media.items()}, step=iteration)
+        return scalars
+
+    @staticmethod
+    def _to_wandb(value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return [WandbCallback._to_wandb(v) for v in value]
+        try:
+            from PIL import Image
+        except ImportError:  # pragma: no cover - Pillow is a dependency
+            return value
+        if isinstance(value, Image.Image):
             import wandb
 
-            caption = f"iteration {iteration}"
-            if labels is not None:
-                caption += "; labels row-major: " + " ".join(str(int(x)) for x in labels[: min(len(labels), 32)].tolist())
-            if path is not None:
-                self.run.log({"samples": wandb.Image(str(path), caption=caption)}, step=iteration)
+            return wandb.Image(value)
+        return value
+
+    def _close_modules(self, iteration: int) -> None:
+        if self._modules_closed or not self.log_modules:
+            self._modules_closed = True
+            return
+        self._modules_closed = True
+        module_scalars: dict[str, float] = {}
+        if dist_utils.is_rank0():
+            for name, module in self.log_modules.items():
+                try:
+                    result = module.close(timeout_s=self.module_close_timeout_s)
+                except Exception:  # noqa: BLE001
+                    logger.warning("log module %r failed to close", name, exc_info=True)
+                    continue
+                module_scalars.update(self._log_module_result(name, result, iteration))
+        module_scalars = dist_utils.broadcast_object(module_scalars)
+        self._accumulate(module_scalars)

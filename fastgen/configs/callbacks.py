@@ -48,6 +48,39 @@ FORCED_WEIGHT_NORM_CALLBACK: dict[str, DictConfig] = {
 CT_SCHEDULE_CALLBACK: dict[str, DictConfig] = {
     "ct_schedule": LazyCall("fastgen.callbacks.ct_schedule.CTScheduleCallback")(q=2.0, ratio_limit=0.999, kimg_per_stage=100.0),
 }
+# Method-owned state carried across iterations, committed only after completed steps (fastgen.callbacks.carry).
+CARRY_CALLBACK: dict[str, DictConfig] = {
+    "carry": LazyCall("fastgen.callbacks.carry.CarryCallback")(carry_through_validation=False, check_finite=True),
+}
+# Memory profiling: records iterations [start_iter, start_iter + num_iters) and writes an HTML report (default
+# <run dir>/memory/memory_report.html) with the raw snapshot beside it; put it first to mark phases precisely.
+MEM_TRACKER_CALLBACK: dict[str, DictConfig] = {
+    "mem_tracker": LazyCall("fastgen.callbacks.mem_tracker.MemTrackerCallback")(start_iter=0, num_iters=2, output=None, estimate=True),
+}
+# W&B with log modules (fastgen.callbacks.log_modules): each is a whole "wandb" entry, so
+# ``config.trainer.callbacks.update(VLM_VID_CALLBACK)`` replaces the plain W&B callback in place (same name, same
+# position after the EMA callbacks). To combine modules, give one wandb entry several ``log_modules``.
+# VLM judge: set VLM_BASE_URL and OPENAI_API_KEY (or credentials_dir/openai_api.txt).
+VLM_IMG_CALLBACK: dict[str, DictConfig] = {
+    "wandb": LazyCall("fastgen.callbacks.wandb.WandbCallback")(
+        sample_iter=1000, num_samples=64,
+        log_modules={"vlm": LazyCall("fastgen.callbacks.log_modules.vlm.VLMLogger")(media="image", max_entries_per_step=4)},
+    ),
+}
+VLM_VID_CALLBACK: dict[str, DictConfig] = {
+    "wandb": LazyCall("fastgen.callbacks.wandb.WandbCallback")(
+        sample_iter=1000, num_samples=8,
+        log_modules={"vlm": LazyCall("fastgen.callbacks.log_modules.vlm.VLMLogger")(
+            media="video", num_frames=4, max_entries_per_step=4)},
+    ),
+}
+# Camera trajectories and action overlays for batches with camera_poses / intrinsics / actions.
+VIPE_CALLBACK: dict[str, DictConfig] = {
+    "wandb": LazyCall("fastgen.callbacks.wandb.WandbCallback")(
+        sample_iter=1000, num_samples=8,
+        log_modules={"vipe": LazyCall("fastgen.callbacks.log_modules.vipe.VipeLogger")(pose_convention="c2w")},
+    ),
+}
 # The callbacks every recipe starts from; EMA presets go before these (see the module docstring).
 BASE_CALLBACKS: dict[str, DictConfig] = {
     **GradClip_CALLBACK,

@@ -86,7 +86,7 @@ class BaseTrainerConfig(StrictConfig):
     checkpointer: CheckpointerConfig = attrs.field(factory=CheckpointerConfig)
 
 
-def _default_optimizer() -> DictConfig:
+def default_optimizer() -> DictConfig:
     return LazyCall("torch.optim.Adam")(lr=1e-3, betas=[0.9, 0.999], eps=1e-8)
 
 
@@ -95,7 +95,7 @@ class BaseModelConfig(StrictConfig):
     """What a method builds: networks, optimizers, EMA, precision, sampling defaults."""
 
     net: Optional[DictConfig] = None  # LazyCall of the network (backbone + noise schedule)
-    net_optimizer: DictConfig = attrs.field(factory=_default_optimizer)
+    net_optimizer: DictConfig = attrs.field(factory=default_optimizer)
     net_scheduler: Optional[DictConfig] = None  # LazyCall of an LR scheduler taking `optimizer`
     input_shape: list[int] = attrs.field(factory=lambda: [1, 8, 8])
     num_classes: int = 0  # 0: unconditional

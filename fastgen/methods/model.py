@@ -5,16 +5,22 @@ A method is an ``nn.Module`` built from ``config.model``. It owns the trained ne
 discriminators. The trainer only relies on this contract:
 
 * ``model_dict`` - the modules a checkpoint stores, by name (``net``, ``ema``, ...);
-* ``init_optimizers()``, ``optimizer_dict`` and ``scheduler_dict`` - keyed by the module they train;
+* ``init_optimizers()``, ``optimizer_dict`` and ``scheduler_dict`` - keyed by the module they train
+  (``trainable_modules``; module ``name`` takes ``config.<name>_optimizer`` / ``config.<name>_scheduler``);
+* ``init_weights()`` - called once on a fresh run (not on resume): load teachers, copy weights;
 * ``get_optimizers(iteration)`` - the names stepped this iteration (GAN-style methods alternate);
 * ``single_train_step(data, iteration) -> (loss_dict, outputs)`` with ``loss_dict["total_loss"]``;
 * ``validation_step(data, iteration) -> loss_dict`` (networks are in eval mode, gradients off);
 * ``generator_fn(net, noise, steps, condition)`` and ``sample(...)`` - how samples are drawn.
+
+Optional: ``carry_state`` / ``propose_carry`` / ``take_carry_proposal`` - state carried from one iteration to
+the next, committed only after a completed step by ``CarryCallback`` (see ``fastgen.callbacks.carry``).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -61,10 +67,24 @@ class FastGenModel(nn.Module):
         return {"net": self.net}
 
     def init_optimizers(self) -> None:
-        """Build ``optimizer_dict`` / ``scheduler_dict`` (after the model is on its device)."""
-        self.optimizers["net"] = instantiate(self.config.net_optimizer, params=self.net.parameters())
-        if self.config.net_scheduler is not None:
-            self.schedulers["net"] = instantiate(self.config.net_scheduler, optimizer=self.optimizers["net"])
+        """Build ``optimizer_dict`` / ``scheduler_dict`` (after the model is on its device): one optimizer per
+        ``trainable_modules`` entry, from ``config.<name>_optimizer`` and optional ``config.<name>_scheduler``."""
+        for name, module in self.trainable_modules.items():
+            optimizer_cfg = getattr(self.config, f"{name}_optimizer")
+            self.optimizers[name] = instantiate(optimizer_cfg, params=[p for p in module.parameters() if p.requires_grad])
+            scheduler_cfg = getattr(self.config, f"{name}_scheduler", None)
+            if scheduler_cfg is not None:
+                self.schedulers[name] = instantiate(scheduler_cfg, optimizer=self.optimizers[name])
+
+    def init_weights(self) -> None:
+        """Called once when a run starts from scratch (never on resume, which restores every module). Methods
+        that distill load their teacher here and copy it into the student; EMA networks start equal to ``net``."""
+        self.sync_ema_to_net()
+
+    @torch.no_grad()
+    def sync_ema_to_net(self) -> None:
+        for ema in self.ema_nets.values():
+            ema.load_state_dict(self.net.state_dict())
 
     @property
     def optimizer_dict(self) -> dict[str, torch.optim.Optimizer]:
@@ -77,6 +97,25 @@ class FastGenModel(nn.Module):
     def get_optimizers(self, iteration: int) -> list[str]:
         """Names of the optimizers stepped at ``iteration`` (all of them by default)."""
         return list(self.optimizers)
+
+    # ---- carried state (fastgen.callbacks.carry.CarryCallback) ---------------------------------------------------
+    #: The committed state a method carries across iterations, read (never modified) in ``single_train_step``.
+    #: ``None``: the method carries nothing. A method that carries state sets a dict in ``__init__``; from then on
+    #: only ``CarryCallback`` replaces it (after a completed step, or on resume).
+    carry_state: dict[str, torch.Tensor] | None = None
+
+    def propose_carry(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Offer ``state`` - the complete next state, all keys - to replace ``carry_state`` once this step completes.
+        A later proposal in the same iteration replaces an earlier one."""
+        for key, value in state.items():
+            if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+                raise TypeError(f"propose_carry: entry {key!r} is a {type(value).__name__}; carried state maps str "
+                                "keys to tensors")
+        self._carry_proposal = dict(state)
+
+    def take_carry_proposal(self) -> dict[str, torch.Tensor] | None:
+        """The pending proposal (``None`` if there is none), cleared."""
+        return self.__dict__.pop("_carry_proposal", None)
 
     # ---- training ------------------------------------------------------------------------------------------
     def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -113,8 +152,11 @@ class FastGenModel(nn.Module):
         return flow
 
     def generator_fn(self, net: nn.Module, noise: torch.Tensor, steps: int | None = None,
-                     condition: torch.Tensor | None = None) -> torch.Tensor:
-        """Deterministic Heun sampling of the probability-flow ODE from ``noise`` (= ``x_{t_max}``)."""
+                     condition: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Deterministic Heun sampling of the probability-flow ODE from ``noise`` (= ``x_{t_max}``).
+
+        ``generator`` is for samplers that draw fresh noise on the way (multi-step students): they must draw it
+        from ``generator`` so that samples are reproducible and never disturb the training random stream."""
         steps = steps or self.config.sample_steps
         flow = self.flow_fn(net, condition, self.config.guidance_scale)
         return heun_sample(flow, noise, self.noise_scheduler, steps)
@@ -139,7 +181,7 @@ class FastGenModel(nn.Module):
         was_training = net.training
         net.eval()
         try:
-            samples = self.generator_fn(net, noise, steps, labels)
+            samples = self.generator_fn(net, noise, steps, labels, generator=generator)
         finally:
             net.train(was_training)
         return samples.float(), labels

@@ -371,6 +371,11 @@ class EDM2UNet(nn.Module):
             emb = mp_sum(emb, self.emb_label(label * math.sqrt(self.num_classes)), t=self.label_balance)
         return mp_silu(emb)
 
+    @property
+    def bottleneck_feature_index(self) -> int:
+        """The ``feature_indices`` entry of the bottleneck features - where discriminator heads attach."""
+        return self.num_levels
+
     def forward(
         self,
         x: torch.Tensor,

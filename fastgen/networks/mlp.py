@@ -23,6 +23,11 @@ class MLPDenoiser(nn.Module):
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
 
+    @property
+    def bottleneck_feature_index(self) -> int:
+        """The ``feature_indices`` entry of the last hidden layer - where discriminator heads attach."""
+        return len(self.layers) - 1
+
     def forward(self, x: torch.Tensor, c_noise: torch.Tensor, condition: torch.Tensor | None = None,
                 r_noise: torch.Tensor | None = None, feature_indices: list[int] | None = None,
                 return_logvar: bool = False) -> Any:

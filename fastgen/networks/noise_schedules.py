@@ -201,3 +201,62 @@ class RectifiedFlowScheduler(NoiseScheduler):
 
     def precondition(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return torch.zeros_like(t), torch.ones_like(t), torch.ones_like(t), t
+
+
+class TrigFlowScheduler(NoiseScheduler):
+    """TrigFlow (Lu & Song 2024, "Simplifying, stabilizing and scaling continuous-time consistency models",
+    Sec. 2): ``x_t = cos(t) x0 + sin(t) z`` with ``z ~ N(0, sigma_d^2 I)`` and ``t in [0, pi/2]``.
+
+    In this module's convention ``eps = z / sigma_d``, so ``alpha = cos t`` and ``sigma = sigma_d sin t``. The
+    network predicts the PF-ODE velocity ``dx_t/dt = cos(t) z - sin(t) x0`` as ``sigma_d F(x_t / sigma_d,
+    c_noise(t))`` (the TrigFlow diffusion objective, Eq. 3): ``c_skip = 0``, ``c_out = sigma_d``,
+    ``c_in = 1 / sigma_d`` and ``c_noise(t) = t`` (the identity time transform of Sec. 4.1). Its ``x0`` estimate
+    ``cos(t) x_t - sin(t) sigma_d F`` is the consistency function sCM trains.
+
+    * training: ``t = arctan(e^n / sigma_d)`` with ``n ~ N(P_mean, P_std^2)`` (the "tan-lognormal" proposal,
+      Sec. 4.1), weight ``1 / sigma_d^2`` on the velocity error (the loss on ``F``);
+    * time range: the noise-to-signal ratio ``sigma_d tan t`` runs over EDM's ``[sigma_min, sigma_max]``, i.e.
+      ``t_max = arctan(sigma_max / sigma_d)``;
+    * sampling grid: EDM's ``rho``-spaced ``sigma_i`` (Karras et al. 2022, Eq. 5) mapped to
+      ``t_i = arctan(sigma_i / sigma_d)``, ending at 0.
+
+    An EDM-preconditioned network is this parameterisation in disguise: with ``sigma = sigma_d tan t`` and
+    ``x_EDM = x_t / cos t``, EDM's ``c_in x_EDM = x_t / sigma_d`` and ``D = cos(t) x_t + sigma_d sin(t) F_EDM``
+    (so ``F = -F_EDM``); ``fastgen.methods.cm_utils.map_state`` uses that equivalence to run sCM on any schedule.
+    """
+
+    native_pred_type: PredType = "flow"
+
+    def __init__(self, sigma_data: float = 0.5, sigma_min: float = 0.002, sigma_max: float = 80.0,
+                 P_mean: float = -1.0, P_std: float = 1.4, rho: float = 7.0) -> None:  # noqa: N803 - paper names
+        self.sigma_data, self.sigma_min, self.sigma_max = float(sigma_data), float(sigma_min), float(sigma_max)
+        self.P_mean, self.P_std, self.rho = float(P_mean), float(P_std), float(rho)
+        self.t_min = 0.0
+        ratio = torch.tensor(self.sigma_max / self.sigma_data, dtype=torch.float64, device="cpu")
+        self.t_max = float(torch.atan(ratio))
+
+    def alpha(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.cos(t)
+
+    def sigma(self, t: torch.Tensor) -> torch.Tensor:
+        return self.sigma_data * torch.sin(t)
+
+    def d_alpha(self, t: torch.Tensor) -> torch.Tensor:
+        return -torch.sin(t)
+
+    def d_sigma(self, t: torch.Tensor) -> torch.Tensor:
+        return self.sigma_data * torch.cos(t)
+
+    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: torch.Generator | None = None) -> torch.Tensor:
+        normal = torch.randn(n, device=device, generator=generator)
+        return torch.atan((normal * self.P_std + self.P_mean).exp() / self.sigma_data)
+
+    def loss_weight(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(t, 1.0 / self.sigma_data**2)
+
+    def sampling_times(self, steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        sigmas = EDMNoiseScheduler(self.sigma_min, self.sigma_max, self.sigma_data, rho=self.rho).sampling_times(steps, device)
+        return torch.atan(sigmas / self.sigma_data)
+
+    def precondition(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return torch.zeros_like(t), torch.full_like(t, self.sigma_data), torch.full_like(t, 1.0 / self.sigma_data), t

@@ -132,6 +132,11 @@ class UNet(nn.Module):
         nn.init.zeros_(self.conv_out.weight)
         nn.init.zeros_(self.conv_out.bias)
 
+    @property
+    def bottleneck_feature_index(self) -> int:
+        """The ``feature_indices`` entry of the bottleneck (deepest) features - where discriminator heads attach."""
+        return len(self.down)
+
     def forward(
         self,
         x: torch.Tensor,

@@ -61,3 +61,30 @@ def save_samples_image(samples: torch.Tensor, path: Path, nrow: int | None = Non
     with atomic_open(path, "wb") as handle:
         image.save(handle, format="PNG")
     return path
+
+
+# ---- videos ------------------------------------------------------------------------------------------------------
+def video_grid_frames(videos: torch.Tensor, nrow: int | None = None, upscale: int = 1, padding: int = 1) -> list:
+    """``(N, C, T, H, W)`` videos in ``[-1, 1]`` -> ``T`` PIL frames, each the grid of the N videos at that time."""
+    if videos.dim() != 5:
+        raise ValueError(f"expected videos of shape (N, C, T, H, W), got {tuple(videos.shape)}")
+    return [image_grid(videos[:, :, t], nrow=nrow, upscale=upscale, padding=padding) for t in range(videos.shape[2])]
+
+
+def save_gif(frames: list, path: Path, fps: float = 8.0) -> Path:
+    """Write PIL frames as a looping GIF with Pillow alone (no moviepy / ffmpeg), atomically."""
+    from fastgen.utils.io import atomic_open
+
+    if not frames:
+        raise ValueError("a GIF needs at least one frame")
+    duration_ms = max(20, int(round(1000.0 / max(fps, 1e-6))))  # GIF delays are in 10 ms units; 20 ms minimum
+    first, *rest = [frame.convert("RGB") for frame in frames]
+    with atomic_open(path, "wb") as handle:
+        first.save(handle, format="GIF", save_all=True, append_images=rest, duration=duration_ms, loop=0)
+    return path
+
+
+def save_samples_video(samples: torch.Tensor, path: Path, fps: float = 8.0, nrow: int | None = None) -> Path:
+    """Save ``(N, C, T, H, W)`` samples as one GIF whose frames are grids of the N videos (small videos upscaled)."""
+    upscale = max(1, 64 // samples.shape[-1])
+    return save_gif(video_grid_frames(samples, nrow=nrow, upscale=upscale), path, fps=fps)

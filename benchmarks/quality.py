@@ -1,0 +1,119 @@
+"""Sample quality of every distillation method on digits, measured in one run.
+
+For each digits recipe it trains the recipe from scratch (``fastgen train --config Digits/config_<m>_digits``,
+wall time measured around the whole command, single process), then scores 1,000 samples of the student with
+``fastgen.evaluation`` (Frechet distance in the shipped digits classifier's feature space, and that classifier's
+accuracy on the conditioning labels) and counts the student's network evaluations per sample. The shipped
+teacher is scored once with 18 Heun steps (35 evaluations). Prints a markdown table; ``--readme`` also writes it
+into README.md between the ``quality-table`` markers.
+
+    .venv/bin/python benchmarks/quality.py                       # every method (~25 min on 2 CPU cores)
+    .venv/bin/python benchmarks/quality.py --methods dmd2 kd     # a subset
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ["dmd2", "f_distill", "ladd", "kd", "cm", "scm", "tcm", "meanflow", "sft"]
+BEGIN, END = "<!-- quality-table:begin -->", "<!-- quality-table:end -->"
+
+
+def count_evaluations(model, net) -> int:  # noqa: ANN001
+    """Network evaluations to draw one batch (per sample), counted with a forward hook."""
+    from fastgen.evaluation.sampling import draw_samples
+
+    calls = []
+    handle = net.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        draw_samples(model, 2, seed=0, net=net)
+    finally:
+        handle.remove()
+    return len(calls)
+
+
+def score(run_dir: Path, n: int, teacher: bool = False) -> dict:
+    from fastgen.evaluation.evaluate import evaluate_model
+    from fastgen.evaluation.sampling import load_run
+
+    run = load_run(run_dir)
+    model = run.model
+    net = model.teacher if teacher else model.sampling_net()
+    steps = model.config.sample_steps if teacher else None
+    metrics = evaluate_model(model, n, seed=0, steps=steps, net=net, dataset="digits")
+    if teacher:
+        metrics["evaluations"] = 2 * model.config.sample_steps - 1
+    else:
+        metrics["evaluations"] = count_evaluations(model, net)
+    return metrics
+
+
+def train(method: str, root: Path, extra: list[str]) -> tuple[Path, float]:
+    recipe = f"Digits/config_{method}_digits"
+    env = {**os.environ, "FASTGEN_OUTPUT_ROOT": str(root), "WANDB_MODE": "disabled", "FASTGEN_NO_PROGRESS": "1"}
+    cmd = [str(Path(sys.executable).parent / "fastgen"), "train", "--config", recipe, "--eval-samples", "0", "-",
+           f"log_config.name=bench_{method}", "trainer.resume=false", *extra]
+    start = time.perf_counter()
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"{recipe} failed:\n{result.stderr[-3000:]}")
+    run_dir = next(root.glob(f"*/*/bench_{method}"))
+    return run_dir, wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", nargs="+", default=METHODS)
+    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--override", nargs="*", default=[], help="overrides applied to every recipe")
+    args = parser.parse_args()
+    rows = []
+    teacher_row = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for method in args.methods:
+            run_dir, wall = train(method, Path(tmp), args.override)
+            metrics = score(run_dir, args.samples)
+            rows.append((method, wall, metrics))
+            print(f"{method}: {json.dumps(metrics)}  wall {wall:.0f} s", flush=True)
+            if teacher_row is None and method != "sft":
+                try:
+                    teacher_row = score(run_dir, args.samples, teacher=True)
+                    print(f"teacher: {json.dumps(teacher_row)}", flush=True)
+                except AttributeError:
+                    pass
+    lines = [f"| method | network evaluations | FD (digits) | accuracy | train wall time |", "|---|---:|---:|---:|---:|"]
+    if teacher_row is not None:
+        lines.append(f"| teacher (Heun, 18 steps) | {teacher_row['evaluations']} | {teacher_row['fd_digits']:.3f} | "
+                     f"{teacher_row['accuracy']:.3f} | shipped |")
+    for method, wall, m in rows:
+        lines.append(f"| {method} | {m['evaluations']} | {m['fd_digits']:.3f} | {m['accuracy']:.3f} | {wall:.0f} s |")
+    table = "\n".join(lines)
+    print(table)
+    print(f"torch {torch.__version__}, {args.samples} samples, threads {torch.get_num_threads()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": [(m, w, x) for m, w, x in rows], "teacher": teacher_row}, indent=2))
+    if args.readme:
+        readme = ROOT / "README.md"
+        text = readme.read_text()
+        if BEGIN not in text:
+            raise SystemExit(f"README.md lacks the {BEGIN} ... {END} markers")
+        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), BEGIN + "\n" + table + "\n" + END, text, flags=re.S)
+        readme.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""CIFAR-10: distill a class-conditional EDM teacher into a 1-step generator with DMD2.
+
+Networks: the teacher, the student and the fake score are all ``edm_unet_cifar10`` - fastgen's U-Net at the size
+of EDM's DDPM++ CIFAR-10 network (128 channels, multipliers 2/2/2 over 32/16/8, four blocks per level, attention
+at 16x16) with EDM preconditioning (``sigma_data = 0.5``): **55,055,107 parameters each** (``fastgen dryrun
+--config EDM/config_dmd2_fast``; EDM's own: 55.7M). The student and the fake score start as copies of the teacher;
+the student generates in one step from ``sigma_max = 80``. The GAN branch is on: a discriminator head on the fake
+score's 8x8 bottleneck (another 590,849 parameters), trained on real CIFAR-10 images; ``model.gan_loss_weight_gen=0.``
+turns it off (no discriminator is built).
+
+Teacher: ``model.teacher_ckpt`` is ``$FASTGEN_DATA_ROOT/cifar10/edm_teacher.pth`` (``FASTGEN_DATA_ROOT`` defaults
+to ``./data``; it is read when the config is created, so ``config.yaml`` keeps the resolved path). Produce it by
+training the matching teacher recipe and exporting its EMA network::
+
+    fastgen train --config EDM/config_sft_cifar10
+    python scripts/export_teacher.py \\
+        FASTGEN_OUTPUT/fastgen/cifar10/config_sft_cifar10/checkpoints/0390625.pth \\
+        --out "${FASTGEN_DATA_ROOT:-./data}/cifar10/edm_teacher.pth"
+
+(``model.teacher_ckpt`` may also point straight at a fastgen checkpoint: its first EMA network is used.) Any
+teacher with this architecture and EDM preconditioning works. ``model.teacher_ckpt=null`` distills a randomly
+initialised teacher - only useful to test the pipeline; the method warns.
+
+Data: the CIFAR-10 training set from ``$FASTGEN_DATA_ROOT/cifar10`` - run ``python scripts/download_data.py
+cifar10`` first. Real images feed only the GAN branch.
+
+Hyper-parameters follow DMD2's pixel-space class-conditional recipe (ImageNet-64 with an EDM teacher, Yin et al.
+2024, Sec. 5 and App.): Adam at lr 2e-6 for all three trained networks, one student update per five fake-score/
+discriminator updates (two-time-scale rule, Sec. 4.2), GAN weights 3e-3 (generator) and 1e-2 (discriminator), no
+classifier-free guidance (EDM's conditional CIFAR-10 teacher is trained without label dropout). Batch 128 per
+rank; callbacks: gradient clipping, an EMA of the student (constant 0.999; W&B samples come from it) and W&B.
+The GPU memory and throughput of these defaults have not been measured in this project yet (no GPU was
+available); lower ``dataloader_train.batch_size`` if a GPU runs out of memory.
+
+``create_config()`` touches no file, so ``fastgen dryrun`` works before the data or the teacher exist.
+"""
+
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig
+
+from fastgen.configs.callbacks import EMA_CALLBACK, GradClip_CALLBACK, WANDB_CALLBACK
+from fastgen.configs.config import BaseConfig
+from fastgen.configs.data import cifar10_loader, data_root
+from fastgen.configs.methods.config_dmd2 import create_config as dmd2_config
+from fastgen.configs.net import edm_unet_cifar10
+
+
+def teacher_path() -> str:
+    """Where the recipe expects the teacher: ``$FASTGEN_DATA_ROOT/cifar10/edm_teacher.pth`` (not checked here)."""
+    return os.path.join(data_root(), "cifar10", "edm_teacher.pth")
+
+
+def create_config() -> BaseConfig:
+    config = dmd2_config()
+    config.model.net = edm_unet_cifar10(num_classes=10)
+    config.model.teacher_ckpt = teacher_path()
+    config.model.input_shape = [3, 32, 32]
+    config.model.num_classes = 10
+    config.model.use_ema = True
+    config.model.sample_steps = 18  # the teacher's Heun steps (35 evaluations), as EDM samples CIFAR-10
+    config.model.guidance_scale = None
+    config.model.student_update_freq = 5
+    config.model.gan_loss_weight_gen = 3e-3
+    config.model.gan_loss_weight_disc = 1e-2
+    config.model.net_optimizer.lr = 2e-6
+    config.model.fake_score_optimizer.lr = 2e-6
+    config.model.discriminator_optimizer.lr = 2e-6
+    config.dataloader_train = cifar10_loader(split="train", batch_size=128)
+    config.trainer.max_iter = 200_000
+    config.trainer.logging_iter = 100
+    config.trainer.save_ckpt_iter = 5000
+    config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **EMA_CALLBACK, **WANDB_CALLBACK})
+    config.trainer.callbacks.wandb.sample_iter = 5000
+    config.trainer.callbacks.wandb.num_samples = 100
+    config.log_config.group = "cifar10"
+    return config

@@ -1,0 +1,63 @@
+"""Method config for DMD2 (distribution matching distillation) and f-distill. See ``fastgen.methods.dmd2``.
+
+Typical use (see ``fastgen/configs/experiments/Digits/config_dmd2_digits.py``)::
+
+    from fastgen.configs.methods.config_dmd2 import create_config
+    config = create_config()
+    config.model.net = ...            # the student; the teacher and the fake score default to the same network
+    config.model.teacher_ckpt = "teacher.pth"
+    config.model.gan_loss_weight_gen = 3e-3  # > 0 adds the GAN branch (discriminator on fake-score features)
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import attrs
+from omegaconf import DictConfig
+
+from fastgen.configs.config import BaseConfig, default_optimizer
+from fastgen.configs.instantiate import LazyCall
+from fastgen.configs.methods.config_distill import DistillModelConfig
+from fastgen.configs.schema import config_class
+
+
+@config_class
+class DMD2ModelConfig(DistillModelConfig):
+    fake_score: Optional[DictConfig] = None  # LazyCall of the fake-score network; None: same as `net`
+    fake_score_optimizer: DictConfig = attrs.field(factory=default_optimizer)
+    fake_score_scheduler: Optional[DictConfig] = None
+    discriminator_optimizer: DictConfig = attrs.field(factory=default_optimizer)
+    discriminator_scheduler: Optional[DictConfig] = None
+    # One student update every `student_update_freq` iterations; the fake score (and discriminator) train in
+    # the others (DMD2's two-time-scale update rule, Yin et al. 2024, Sec. 4.2).
+    student_update_freq: int = 5
+    vsd_loss_weight: float = 1.0
+    # GAN branch (Sec. 4.3): a head on the fake score's features. 0 turns it off (no discriminator is built).
+    gan_loss_weight_gen: float = 0.0
+    gan_loss_weight_disc: float = 1.0
+    feature_indices: Optional[list[int]] = None  # None: the backbone's bottleneck
+    discriminator_hidden: Optional[int] = None
+    r1_weight: float = 0.0  # gamma of the R1 penalty gamma/2 E||grad_x D(x_t)||^2 on noised real data
+    # Times at which the student's samples are noised for the distribution-matching gradient, clamped to
+    # [vsd_t_min, vsd_t_max] (None: the schedule's own range). "sampling": uniform over a 1000-step sampling grid
+    # of the schedule (DMD2's uniform timesteps; for EDM the Karras rho-grid, so high noise is well covered);
+    # "train": the schedule's training distribution (EDM's log-normal, mostly low noise).
+    vsd_t_dist: Literal["sampling", "train"] = "sampling"
+    vsd_t_min: Optional[float] = None
+    vsd_t_max: Optional[float] = None
+    # f-distill only (fastgen.methods.f_distill): the divergence whose gradient weights the VSD term.
+    f_divergence: Literal["reverse_kl", "forward_kl", "js", "jeffreys", "squared_hellinger"] = "js"
+    f_weight_clip: float = 10.0  # the normalised weights are clipped to [0, f_weight_clip]
+
+
+def _dmd2_class() -> DictConfig:
+    return LazyCall("fastgen.methods.dmd2.DMD2Model")()
+
+
+def create_config() -> BaseConfig:
+    """A base DMD2 config; experiment configs fill in the networks, the teacher checkpoint and the data."""
+    return BaseConfig(model=DMD2ModelConfig(), model_class=_dmd2_class())
+
+
+__all__ = ["DMD2ModelConfig", "create_config"]

@@ -1,0 +1,351 @@
+"""Draw samples from a trained method - from a checkpoint on disk or a model in memory - and save them.
+
+* ``find_checkpoint(path)`` - ``path`` is a ``.pth`` file, a checkpoints folder or a run directory (then its
+  newest checkpoint); the run's ``config.yaml`` is found next to it.
+* ``load_run(path, device)`` - builds the method exactly as training did,
+  ``instantiate(config.model_class, config=config.model)``, and loads every module of ``payload["model"]``
+  strictly (``weights_only``).
+* ``select_net(model, "net" | "ema" | "teacher")`` - the trained network, its first EMA copy, or the method's
+  teacher (``model.teacher``, present in distillation methods).
+* ``draw_samples(model, n, seed, ...)`` - ``n`` samples in batches through the method's own
+  ``generator_fn(net, noise, steps=..., condition=...)``, so each method decides how its network samples
+  (Heun for diffusion models, one step for a DMD2 student...).
+* ``save_samples(path, samples, labels)`` - the ``.npz`` of the guided-diffusion evaluation suite (``arr_0``:
+  uint8 NHWC images, ``arr_1``: int64 labels when conditional; for 2-D toy data ``arr_0`` is float32 ``(N, 2)``)
+  plus a PNG (image grid or scatter plot). ``fastgen_dataset`` (a string such as ``digits`` or
+  ``toy:eight_gaussians``) records the data set so ``fastgen eval`` needs no ``--dataset``.
+
+Reproducibility: starting noise comes in fixed chunks of 16 samples, chunk ``c`` drawn by its own generator seeded
+from ``SeedSequence([seed, c])``, so the same seed gives the same starting noise whatever the batch size, and
+deterministic samplers give the same samples (up to floating-point differences between batch shapes). For methods whose sampler draws fresh noise between
+steps, the global torch generator is reseeded from ``(seed, first index)`` for each batch (and restored after),
+so the same seed and batch size reproduce the same samples.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fastgen.utils.errors import CheckpointError, UsageError
+from fastgen.utils.logging import get_logger
+
+logger = get_logger(__name__)
+_MASK63 = (1 << 63) - 1
+NETS = ("net", "ema", "teacher")
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; a ``UsageError`` for a device
+    this machine does not have."""
+    from fastgen.utils import distributed as dist_utils
+
+    try:
+        device = dist_utils.select_device(spec)
+    except RuntimeError:
+        raise UsageError(f"--device {spec}: not a device name (use auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {spec}: CUDA is not available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type not in ("cpu", "mps"):
+        raise UsageError(f"--device {spec}: use auto, cpu, cuda or cuda:N")
+    return device
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+def _checkpoints_in(folder: Path) -> list[Path]:
+    from fastgen.utils.checkpointer import Checkpointer
+
+    return [p for _, p in Checkpointer(str(folder.resolve()), folder).list()]
+
+
+def find_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, Path | None]:
+    """``(checkpoint file, config.yaml or None)`` for a ``.pth`` file, a checkpoints folder or a run directory."""
+    target = Path(path).expanduser()
+    if not target.exists():
+        raise UsageError(f"checkpoint not found: {target}")
+    if target.is_file():
+        candidates = [target.parent / "config.yaml", target.parent.parent / "config.yaml"]
+        return target, next((c for c in candidates if c.is_file()), None)
+    config_yaml = target / "config.yaml"
+    if config_yaml.is_file():  # a run directory: its checkpointer's folder, as configured
+        from fastgen.configs.config_utils import load_config
+        from fastgen.utils.checkpointer import Checkpointer
+
+        save_dir = load_config(config_yaml).trainer.checkpointer.save_dir
+        found = Checkpointer(save_dir, target).latest() or (_checkpoints_in(target) or [None])[-1]
+        if found is None:
+            raise UsageError(f"no checkpoint (NNNNNNN.pth) in run directory {target}")
+        return found, config_yaml
+    found_list = _checkpoints_in(target)
+    if not found_list:
+        raise UsageError(f"no checkpoint (NNNNNNN.pth) in {target}")
+    parent_yaml = target.parent / "config.yaml"
+    return found_list[-1], parent_yaml if parent_yaml.is_file() else None
+
+
+@dataclass
+class LoadedRun:
+    """A method rebuilt from a run: the model (eval mode, on ``device``), its config, where it came from."""
+
+    model: Any
+    config: Any
+    checkpoint: Path
+    config_path: Path | None
+    iteration: int
+    loaded: set[str]  # names of the modules whose weights came from the checkpoint
+
+    @property
+    def run_dir(self) -> Path:
+        if self.config_path is not None:
+            return self.config_path.parent
+        return self.checkpoint.parent
+
+
+def load_model_weights(model: Any, payload: dict[str, Any], path: Path) -> set[str]:
+    """Load each module of ``payload["model"]`` into ``model.model_dict`` strictly; return the loaded names."""
+    modules = model.model_dict
+    loaded = set()
+    for name, state in payload.get("model", {}).items():
+        if name not in modules:
+            raise CheckpointError(f"checkpoint {path} has weights for {name!r}, which this model does not have")
+        try:
+            modules[name].load_state_dict(state, strict=True)
+        except RuntimeError as exc:
+            first = " ".join(str(exc).strip().splitlines()[:2])[:300]
+            raise CheckpointError(f"checkpoint {path}: weights of {name!r} do not fit this model ({first})") from None
+        loaded.add(name)
+    return loaded
+
+
+def load_run(path: str | os.PathLike[str], config: Any = None, device: torch.device | str = "cpu") -> LoadedRun:
+    """Rebuild the method of a run and load a checkpoint into it.
+
+    ``config``: a ``BaseConfig`` or anything ``load_config`` accepts; default the run's ``config.yaml``."""
+    from fastgen.configs.config_utils import load_config
+    from fastgen.configs.instantiate import instantiate
+    from fastgen.utils.checkpointer import load_checkpoint
+
+    checkpoint, config_yaml = find_checkpoint(path)
+    if config is None:
+        if config_yaml is None:
+            raise UsageError(f"no config.yaml next to {checkpoint} (looked in {checkpoint.parent} and its parent); "
+                             "pass --config")
+        config = load_config(config_yaml)
+    elif not hasattr(config, "model_class"):
+        config = load_config(config)
+    config.model.meta_init = False  # real tensors: the checkpoint overwrites them at once
+    payload = load_checkpoint(checkpoint)
+    model = instantiate(config.model_class, config=config.model)
+    loaded = load_model_weights(model, payload, checkpoint)
+    model.to(device)
+    model.eval()
+    return LoadedRun(model, config, checkpoint, config_yaml, int(payload.get("iteration", 0)), loaded)
+
+
+def select_net(run_or_model: Any, which: str = "net") -> nn.Module:
+    """The network to sample: ``net`` (the trained one), ``ema`` (the first EMA copy) or ``teacher``.
+
+    Given a ``LoadedRun``, also checks that the chosen network's weights came from the checkpoint."""
+    model = run_or_model.model if isinstance(run_or_model, LoadedRun) else run_or_model
+    loaded = run_or_model.loaded if isinstance(run_or_model, LoadedRun) else None
+    name = which
+    if which == "net":
+        net = model.net
+    elif which == "ema":
+        emas = getattr(model, "ema_nets", {})
+        if not len(emas):
+            raise UsageError(f"--ema: this {type(model).__name__} has no EMA network (model.use_ema is off)")
+        name = next(iter(emas.keys()))
+        net = emas[name]
+    elif which == "teacher":
+        net = getattr(model, "teacher", None)
+        if net is None:
+            raise UsageError(f"--teacher: {type(model).__name__} has no teacher (only distillation methods have one)")
+    else:
+        raise UsageError(f"unknown network {which!r}; choose one of {', '.join(NETS)}")
+    if loaded is not None and name in model.model_dict and name not in loaded:
+        raise CheckpointError(f"checkpoint {run_or_model.checkpoint} has no weights for {name!r}")
+    return net
+
+
+# -------------------------------------------------------------------------------------------------- sampling
+NOISE_CHUNK = 16  # samples per noise generator (fixed, so noise does not depend on the batch size)
+
+
+def _derived_seed(*words: int) -> int:
+    """A well-mixed 64-bit seed from ``words`` (NumPy's ``SeedSequence``). torch's CPU generator (MT19937) keeps
+    only the low 32 bits of a seed, so ``(seed << 32) + i`` would repeat across seeds; hashing does not."""
+    if any(w < 0 for w in words):
+        raise ValueError(f"seeds must be non-negative, got {words}")
+    low, high = np.random.SeedSequence(list(words)).generate_state(2, np.uint32)
+    return (int(high) << 32 | int(low)) & _MASK63
+
+
+def noise_seed(seed: int, chunk: int) -> int:
+    """The seed of the generator that draws the starting noise of samples ``16 chunk ... 16 chunk + 15``."""
+    return _derived_seed(seed, chunk)
+
+
+def _batch_seed(seed: int, start: int) -> int:
+    # A stream apart from every noise chunk's, for samplers that draw noise between steps.
+    return _derived_seed(seed, start, 1)
+
+
+def balanced_labels(n: int, num_classes: int, label: int | None = None) -> torch.Tensor | None:
+    """``0, 1, ..., C-1, 0, ...`` (sample ``i`` gets ``i % C``) or all ``label``; ``None`` when unconditional."""
+    if num_classes <= 0:
+        if label is not None:
+            raise UsageError("--label: this model is unconditional (model.num_classes = 0)")
+        return None
+    if label is not None:
+        if not 0 <= label < num_classes:
+            raise UsageError(f"--label {label}: must be between 0 and {num_classes - 1}")
+        return torch.full((n,), int(label), dtype=torch.long)
+    return torch.arange(n, dtype=torch.long) % num_classes
+
+
+def initial_noise(scheduler: Any, shape: tuple[int, ...], seed: int, start: int, count: int) -> torch.Tensor:
+    """Starting noise ``x_{t_max}`` of samples ``start ... start + count - 1`` (float32, CPU): the same rows for
+    the same ``seed`` whatever ``start``/``count`` split a run into batches."""
+    first, last = start // NOISE_CHUNK, (start + count - 1) // NOISE_CHUNK
+    chunks = [
+        scheduler.prior_sample((NOISE_CHUNK, *shape), device="cpu", dtype=torch.float32,
+                               generator=torch.Generator().manual_seed(noise_seed(seed, c)))
+        for c in range(first, last + 1)
+    ]
+    offset = start - first * NOISE_CHUNK
+    return torch.cat(chunks)[offset : offset + count]
+
+
+@torch.no_grad()
+def draw_samples(model: Any, n: int, seed: int = 0, batch_size: int = 256, net: nn.Module | None = None,
+                 steps: int | None = None, labels: torch.Tensor | None = None, label: int | None = None,
+                 progress: Callable[[int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``n`` samples (float32, CPU; images in ``[-1, 1]``) and their labels (``None`` when unconditional).
+
+    ``net`` defaults to ``model.sampling_net()``; ``steps=None`` lets the method's ``generator_fn`` choose.
+    Labels default to ``balanced_labels`` (or all ``label``). ``progress(k)`` is called after each batch of k."""
+    if n <= 0 or batch_size <= 0:
+        raise UsageError(f"the number of samples and the batch size must be positive (got {n}, {batch_size})")
+    net = net if net is not None else model.sampling_net()
+    device = next(net.parameters()).device
+    dtype = getattr(model, "precision", torch.float32)
+    scheduler = getattr(net, "noise_scheduler", None) or model.noise_scheduler
+    shape = tuple(int(s) for s in model.config.input_shape)
+    if labels is None:
+        labels = balanced_labels(n, int(getattr(model, "num_classes", 0)), label)
+    outputs = []
+    was_training = net.training
+    net.eval()
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    try:
+        for start in range(0, n, batch_size):
+            count = min(batch_size, n - start)
+            noise = initial_noise(scheduler, shape, seed, start, count).to(device=device, dtype=dtype)
+            condition = labels[start : start + count].to(device) if labels is not None else None
+            with torch.random.fork_rng(devices=cuda):
+                torch.manual_seed(_batch_seed(seed, start))
+                x = model.generator_fn(net, noise, steps=steps, condition=condition)
+            outputs.append(x.float().cpu())
+            if progress is not None:
+                progress(count)
+    finally:
+        net.train(was_training)
+    return torch.cat(outputs), labels
+
+
+# ---------------------------------------------------------------------------------------------------- files
+def sample_arrays(samples: torch.Tensor, labels: torch.Tensor | None, dataset: str | None = None) -> dict[str, np.ndarray]:
+    """The ``.npz`` content: ``arr_0`` uint8 NHWC images (or float32 ``(N, 2)`` points), ``arr_1`` labels,
+    ``fastgen_dataset`` when known."""
+    from fastgen.utils.images import to_uint8
+
+    if samples.dim() == 4:
+        arrays = {"arr_0": to_uint8(samples).numpy()}
+    elif samples.dim() == 2:
+        arrays = {"arr_0": samples.float().cpu().numpy().astype(np.float32)}
+    else:
+        raise ValueError(f"cannot store samples of shape {tuple(samples.shape)}")
+    if labels is not None:
+        arrays["arr_1"] = labels.cpu().numpy().astype(np.int64)
+    if dataset:
+        arrays["fastgen_dataset"] = np.array(dataset)
+    return arrays
+
+
+def save_samples(path: str | os.PathLike[str], samples: torch.Tensor, labels: torch.Tensor | None,
+                 dataset: str | None = None, grid_size: int = 100, nrow: int | None = None) -> tuple[Path, Path]:
+    """Write ``path`` (``.npz``) and a PNG with the same stem: a grid of the first ``grid_size`` images
+    (``nrow`` per row; default the number of classes, so each column is one class) or a scatter plot of all
+    points. Both writes are atomic. Returns ``(npz, png)``."""
+    from fastgen.utils.images import save_samples_image
+    from fastgen.utils.io import atomic_open
+
+    npz = Path(path)
+    if npz.suffix == ".png":
+        npz = npz.with_suffix(".npz")
+    elif npz.suffix != ".npz":
+        npz = npz.with_name(npz.name + ".npz")
+    png = npz.with_suffix(".png")
+    arrays = sample_arrays(samples, labels, dataset)
+    with atomic_open(npz, "wb") as handle:
+        np.savez(handle, **arrays)
+    if samples.dim() == 4:
+        shown = samples[:grid_size]
+        if nrow is None and labels is not None:
+            nrow = _class_columns(labels[: len(shown)])
+        save_samples_image(shown, png, nrow=nrow)
+    else:
+        save_samples_image(samples, png)
+    return npz, png
+
+
+def _class_columns(labels: torch.Tensor) -> int | None:
+    """``C`` when ``labels`` are the balanced ``0..C-1, 0..C-1, ...`` (a grid row then holds each class once)."""
+    classes = int(labels.max()) + 1
+    balanced = bool((labels == torch.arange(len(labels)) % classes).all())
+    return classes if balanced and 1 < classes <= 20 else None
+
+
+def dataset_of_config(config: Any) -> str | None:
+    """The data set a run trained on, as ``fastgen eval`` names it: ``digits``, ``toy:<name>``, ``cifar10``,
+    ``imagenet`` - or ``None`` when the training data loader does not say."""
+    loader = getattr(config, "dataloader_train", None)
+    dataset = loader.get("dataset") if loader is not None and hasattr(loader, "get") else None
+    target = str(dataset.get("_target_", "")) if dataset is not None and hasattr(dataset, "get") else ""
+    if target.endswith("digits.DigitsDataset"):
+        return "digits"
+    if target.endswith("toy.ToyDataset"):
+        return f"toy:{dataset.get('name', 'eight_gaussians')}"
+    lowered = target.lower()
+    for name in ("cifar10", "imagenet"):
+        if name in lowered:
+            return name
+    return None
+
+
+__all__ = [
+    "LoadedRun",
+    "balanced_labels",
+    "dataset_of_config",
+    "draw_samples",
+    "find_checkpoint",
+    "load_model_weights",
+    "load_run",
+    "resolve_device",
+    "initial_noise",
+    "noise_seed",
+    "sample_arrays",
+    "save_samples",
+    "select_net",
+]

@@ -1,0 +1,174 @@
+"""The base class of every distillation method: a frozen teacher, a student that starts as its copy, and
+few-step student sampling.
+
+What it adds to ``FastGenModel``:
+
+* ``teacher`` - a frozen ``DiffusionNet`` (``config.teacher``, default the architecture of ``net``) loaded from
+  ``config.teacher_ckpt`` in ``init_weights()`` (fresh runs only; a resumed run restores it from the checkpoint,
+  which stores the teacher so that a run directory is self-contained and ``fastgen sample --teacher`` works);
+* ``teacher_x0(x_t, t, condition)`` - the teacher's denoised estimate with classifier-free guidance
+  ``D_u + s (D_c - D_u)`` (Ho & Salimans 2022, Eq. 6) when ``config.guidance_scale`` is set;
+* ``generate(net, noise, condition)`` - the student's few-step sampler over ``config.t_list`` (default: one step
+  from ``t_max``): ``x0 = G(x_{t_i}, t_i)``, then ``x_{t_{i+1}} = alpha(t_{i+1}) x0 + sigma(t_{i+1}) eps`` with
+  fresh noise (Song et al. 2023, Algorithm 1, multistep consistency sampling; DMD2's backward simulation,
+  Yin et al. 2024, Sec. 4.5);
+* ``generator_fn`` - the teacher samples with the deterministic Heun solver, any other network with
+  ``generate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from fastgen.configs.instantiate import instantiate
+from fastgen.methods.model import FastGenModel
+from fastgen.networks.layers import as_one_hot
+from fastgen.utils.errors import CheckpointError
+from fastgen.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+def load_teacher_state(path: str, key: str = "auto") -> dict[str, torch.Tensor]:
+    """The teacher's state dict from a fastgen checkpoint (module ``key``; ``auto`` prefers the first EMA
+    network, which is what a trained diffusion model is evaluated with) or from a bare state-dict file."""
+    from fastgen.utils.checkpointer import load_checkpoint
+
+    modules = load_checkpoint(path).get("model", {})
+    if key == "auto":
+        ema_keys = [name for name in modules if name.startswith("ema")]
+        key = ema_keys[0] if ema_keys else "net"
+    if key not in modules:
+        raise CheckpointError(f"teacher checkpoint {path} has no module {key!r} (it has: {', '.join(modules) or 'none'})")
+    return modules[key]
+
+
+class DistillationModel(FastGenModel):
+    """A method with a frozen teacher; subclasses implement ``single_train_step``."""
+
+    frozen_modules: tuple[str, ...] = ("teacher",)
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.teacher: nn.Module | None = None
+        if self.uses_teacher():
+            teacher_cfg = config.teacher if config.teacher is not None else config.net
+            self.teacher = instantiate(teacher_cfg).to(self.precision).requires_grad_(False).eval()
+
+    def uses_teacher(self) -> bool:
+        """Whether the method needs the teacher network during training. Methods that can also learn from data
+        alone (consistency *training*, MeanFlow) return False in that mode: no teacher is built or checkpointed,
+        and ``config.teacher_ckpt``, when set, only initialises the student (``init_weights``)."""
+        return True
+
+    @property
+    def model_dict(self) -> dict[str, nn.Module]:
+        if self.teacher is None:
+            return super().model_dict
+        return {**super().model_dict, "teacher": self.teacher}
+
+    def train(self, mode: bool = True) -> DistillationModel:
+        """Frozen networks and EMA copies stay in eval mode whatever the trainer asks of the method."""
+        super().train(mode)
+        for name in self.frozen_modules:
+            module = getattr(self, name, None)
+            if module is not None:
+                module.eval()
+        for ema in self.ema_nets.values():
+            ema.eval()
+        return self
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        path = self.config.teacher_ckpt
+        if self.teacher is None:  # no teacher in this mode: its checkpoint, if any, only initialises the student
+            if path and self.config.student_init_from_teacher:
+                try:
+                    self.net.load_state_dict(load_teacher_state(path, self.config.teacher_ckpt_key))
+                except RuntimeError as exc:
+                    raise CheckpointError(f"weights in {path} do not fit model.net: "
+                                          f"{str(exc).strip().splitlines()[0][:300]}") from None
+                logger.info("initialised the student from %s", path)
+            self.sync_ema_to_net()
+            return
+        if path:
+            state = load_teacher_state(path, self.config.teacher_ckpt_key)
+            try:
+                self.teacher.load_state_dict(state)
+            except RuntimeError as exc:
+                raise CheckpointError(f"teacher weights in {path} do not fit model.teacher: "
+                                      f"{str(exc).strip().splitlines()[0][:300]}") from None
+            logger.info("loaded the teacher from %s", path)
+        else:
+            logger.warning("model.teacher_ckpt is not set: distilling a randomly initialised teacher")
+        if self.config.student_init_from_teacher:
+            try:
+                self.net.load_state_dict(self.teacher.state_dict())
+            except RuntimeError:
+                raise CheckpointError("model.student_init_from_teacher needs the student and the teacher to have "
+                                      "the same architecture; set it to false or make model.teacher match model.net") from None
+        self.sync_ema_to_net()
+
+    # ---- the teacher ------------------------------------------------------------------------------------------
+    def teacher_x0(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,
+                   guidance_scale: float | None = None) -> torch.Tensor:
+        """The teacher's ``x0`` estimate, with classifier-free guidance when ``guidance_scale`` is set."""
+        scale = self.config.guidance_scale if guidance_scale is None else guidance_scale
+        if scale is None or condition is None or self.num_classes <= 0:
+            return self.teacher(x_t, t, condition=condition, fwd_pred_type="x0")
+        cond = as_one_hot(condition, self.num_classes).to(x_t.dtype)
+        both = self.teacher(torch.cat([x_t, x_t]), torch.cat([t, t]),
+                            condition=torch.cat([cond, torch.zeros_like(cond)]), fwd_pred_type="x0")
+        c, u = both.chunk(2)
+        return u + scale * (c - u)
+
+    # ---- the student ------------------------------------------------------------------------------------------
+    def student_times(self) -> list[float]:
+        """Times the student is evaluated at, from ``t_max`` down (``config.t_list`` or ``[t_max]``)."""
+        times = self.config.t_list
+        if not times:
+            return [float(self.noise_scheduler.t_max)]
+        return [float(t) for t in times]
+
+    def generate(self, net: nn.Module, noise: torch.Tensor, condition: torch.Tensor | None,
+                 times: list[float] | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Few-step sampling from ``noise`` (= ``x_{t_max}``); gradients flow when called with grad enabled."""
+        times = times or self.student_times()
+        scheduler = self.noise_scheduler
+        batch = noise.shape[0]
+        x = noise if times[0] >= scheduler.t_max else self._noise_to(noise, times[0])
+        x0 = x
+        for i, t in enumerate(times):
+            t_vec = torch.full((batch,), t, device=x.device, dtype=x.dtype)
+            x0 = net(x, t_vec, condition=condition, fwd_pred_type="x0")
+            if i + 1 < len(times):
+                t_next = torch.full((batch,), times[i + 1], device=x.device, dtype=x.dtype)
+                eps = torch.randn(x0.shape, generator=generator, device="cpu" if generator is not None else x0.device,
+                                  dtype=x0.dtype).to(x0.device)
+                x = scheduler.add_noise(x0, eps, t_next)
+        return x0
+
+    def _noise_to(self, noise: torch.Tensor, t: float) -> torch.Tensor:
+        """Rescale prior noise at ``t_max`` to pure noise at time ``t`` (``sigma(t) eps``; the data part is 0)."""
+        scheduler = self.noise_scheduler
+        t_max = torch.tensor(scheduler.t_max, dtype=noise.dtype)
+        eps = noise / scheduler.sigma(t_max).to(noise.device)
+        return scheduler.sigma(torch.tensor(t, dtype=noise.dtype)).to(noise.device) * eps
+
+    def generator_fn(self, net: nn.Module, noise: torch.Tensor, steps: int | None = None,
+                     condition: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The teacher samples with Heun (``steps`` or ``config.sample_steps``); students with ``generate``."""
+        if net is self.teacher:
+            return super().generator_fn(net, noise, steps, condition, generator=generator)
+        with torch.no_grad():
+            return self.generate(net, noise, condition, generator=generator)
+
+    def sample_condition(self, data: dict[str, Any], batch: int, device: torch.device) -> torch.Tensor | None:
+        """Labels for generated samples: the batch's labels (so the label mix follows the data)."""
+        condition = self.condition_of(data)
+        if condition is None:
+            return None
+        return condition[:batch].to(device)

@@ -1,0 +1,224 @@
+"""DMD2: distribution matching distillation with a two-time-scale fake score and an optional GAN
+(Yin et al. 2024, "Improved Distribution Matching Distillation for Fast Image Synthesis"; DMD: Yin et al. 2024,
+"One-step Diffusion with Distribution Matching Distillation").
+
+Three trained networks: the student ``net`` (G), the fake score ``fake_score`` (a diffusion model of the
+student's own output distribution) and, with the GAN branch, ``discriminator`` (a head on the fake score's
+bottleneck features). The teacher is frozen. Iterations alternate (two-time-scale update rule, DMD2 Sec. 4.2):
+
+* **student iterations** (``iteration % student_update_freq == 0``; optimizer ``net`` only): draw
+  ``x = G(z)`` (multi-step students: backward simulation - run the student's own sampler a random number of
+  steps without gradients, then one step with them; DMD2 Sec. 4.5), noise it, ``x_t = alpha_t x + sigma_t eps``,
+  and follow the difference of the two scores. With denoised estimates ``D_real`` (teacher, with CFG) and
+  ``D_fake`` (fake score), the distribution-matching gradient is (DMD Eq. 7-8)
+
+      grad = w (D_fake(x_t) - D_real(x_t)),   w = 1 / mean_{C,H,W} |x - D_real(x_t)|
+
+  applied through the surrogate ``L_VSD = 1/2 ||x - sg(x - grad)||^2`` whose gradient w.r.t. ``x`` is ``grad``.
+  With the GAN branch, the student also minimises the non-saturating loss ``softplus(-D(features(x_t)))``
+  (DMD2 Eq. 4) through the frozen fake score and discriminator.
+* **critic iterations** (optimizers ``fake_score`` and ``discriminator``): the fake score learns the student's
+  current distribution with the denoising loss of ``fastgen.methods.sft`` on ``sg(G(z))`` (DMD Eq. 6), and the
+  discriminator learns ``softplus(D(fake)) + softplus(-D(real))`` on noised real and generated samples, plus
+  the R1 penalty ``gamma/2 E ||grad_x D(x_real_t)||^2`` on noised real data (Mescheder et al. 2018, Eq. 9) when
+  ``r1_weight > 0``.
+
+Only the optimizers of the trained modules step (``get_optimizers``) and only their schedulers advance, so
+learning-rate schedules count each module's own updates.
+
+Logged keys (``loss_dict``): ``total_loss``; student iterations: ``vsd_loss``, ``dmd_grad_norm`` and, with the
+GAN, ``gan_gen_loss``; critic iterations: ``fake_score_loss`` and, with the GAN, ``gan_disc_loss``,
+``d_real_logit``, ``d_fake_logit`` (and ``r1_loss``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastgen.configs.instantiate import instantiate
+from fastgen.methods.distill import DistillationModel
+from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, probe_feature_shapes
+
+
+@contextlib.contextmanager
+def frozen(*modules: nn.Module) -> Iterator[None]:
+    """Turn off ``requires_grad`` of every parameter of ``modules`` for the block (gradients still flow
+    *through* them to their inputs), then restore each parameter's previous flag."""
+    params = [p for m in modules for p in m.parameters()]
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+
+
+class DMD2Model(DistillationModel):
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        if config.student_update_freq < 1:
+            raise ValueError("model.student_update_freq must be >= 1")
+        self._vsd_grid: torch.Tensor | None = None
+        fake_cfg = config.fake_score if config.fake_score is not None else config.net
+        self.fake_score: nn.Module = instantiate(fake_cfg).to(self.precision)
+        self.use_gan = config.gan_loss_weight_gen > 0
+        self.discriminator: nn.Module | None = None
+        self.feature_indices: list[int] = []
+        if self.use_gan:
+            self.feature_indices = list(config.feature_indices or default_feature_indices(self.fake_score))
+            shapes = probe_feature_shapes(self.fake_score, list(config.input_shape), self.feature_indices,
+                                          self.num_classes, t=1.0)
+            self.discriminator = FeatureDiscriminator(shapes, hidden=config.discriminator_hidden).to(self.precision)
+
+    # ---- modules ------------------------------------------------------------------------------------------------
+    @property
+    def model_dict(self) -> dict[str, nn.Module]:
+        modules = {**super().model_dict, "fake_score": self.fake_score}
+        if self.discriminator is not None:
+            modules["discriminator"] = self.discriminator
+        return modules
+
+    @property
+    def trainable_modules(self) -> dict[str, nn.Module]:
+        modules = {"net": self.net, "fake_score": self.fake_score}
+        if self.discriminator is not None:
+            modules["discriminator"] = self.discriminator
+        return modules
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Student and fake score both start as copies of the teacher (DMD Sec. 3.2)."""
+        super().init_weights()
+        try:
+            self.fake_score.load_state_dict(self.teacher.state_dict())
+        except RuntimeError:
+            pass  # a differently shaped fake score keeps its own initialisation
+
+    def is_student_iteration(self, iteration: int) -> bool:
+        return iteration % self.config.student_update_freq == 0
+
+    def get_optimizers(self, iteration: int) -> list[str]:
+        if self.is_student_iteration(iteration):
+            return ["net"]
+        return [name for name in ("fake_score", "discriminator") if name in self.optimizers]
+
+    # ---- pieces -------------------------------------------------------------------------------------------------
+    def sample_noise(self, batch: int, like: torch.Tensor) -> torch.Tensor:
+        shape = (batch, *self.config.input_shape)
+        return self.noise_scheduler.prior_sample(shape, device=like.device, dtype=self.precision)
+
+    def generate_for_training(self, noise: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
+        """``G(z)`` with gradients through the last student evaluation only (backward simulation for k > 1)."""
+        times = self.student_times()
+        if len(times) == 1:
+            return self.generate(self.net, noise, condition, times)
+        k = int(torch.randint(len(times), ()).item())
+        if k == 0:
+            return self.generate(self.net, noise, condition, times[:1])
+        with torch.no_grad():
+            x0 = self.generate(self.net, noise, condition, times[:k])
+            t_k = torch.full((noise.shape[0],), times[k], device=noise.device, dtype=noise.dtype)
+            x_t = self.noise_scheduler.add_noise(x0, torch.randn_like(x0), t_k)
+        return self.net(x_t, t_k, condition=condition, fwd_pred_type="x0")
+
+    def sample_vsd_t(self, batch: int, device: torch.device) -> torch.Tensor:
+        """Noise levels for the distribution-matching gradient (``vsd_t_dist``): uniform over a 1000-step
+        sampling grid (DMD2 draws uniform timesteps, Yin et al. 2024, Sec. 3) or the training distribution."""
+        scheduler = self.noise_scheduler
+        if self.config.vsd_t_dist == "sampling":
+            if self._vsd_grid is None or self._vsd_grid.device != torch.device(device):
+                self._vsd_grid = scheduler.sampling_times(1000, device=device)[:-1]
+            t = self._vsd_grid[torch.randint(self._vsd_grid.numel(), (batch,), device=device)]
+        else:
+            t = scheduler.sample_t(batch, device=device)
+        low = self.config.vsd_t_min if self.config.vsd_t_min is not None else max(scheduler.t_min, 1e-4)
+        high = self.config.vsd_t_max if self.config.vsd_t_max is not None else scheduler.t_max
+        return t.clamp(low, high).to(self.precision)
+
+    def vsd_weight(self, x: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, d_real: torch.Tensor,
+                   d_fake: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
+        """Per-sample multiplier of the distribution-matching gradient; DMD2 uses 1 (f-distill overrides)."""
+        return torch.ones(x.shape[0], device=x.device, dtype=torch.float32)
+
+    def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
+        assert self.discriminator is not None
+        _, features = self.fake_score(x_t, t, condition=condition, feature_indices=self.feature_indices)
+        return self.discriminator(features).float()
+
+    # ---- the two kinds of iterations ---------------------------------------------------------------------------
+    def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        real = data["real"].to(self.precision)
+        condition = self.condition_of(data)
+        noise = self.sample_noise(real.shape[0], real)
+        if self.is_student_iteration(iteration):
+            return self.student_step(real, condition, noise)
+        return self.critic_step(real, condition, noise)
+
+    def student_step(self, real: torch.Tensor, condition: torch.Tensor | None,
+                     noise: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        x = self.generate_for_training(noise, condition)
+        t = self.sample_vsd_t(x.shape[0], x.device)
+        x_t = self.noise_scheduler.add_noise(x.detach(), torch.randn_like(x), t)
+        with torch.no_grad():
+            d_real = self.teacher_x0(x_t, t, condition)
+            d_fake = self.fake_score(x_t, t, condition=condition, fwd_pred_type="x0")
+            normaliser = (x.detach() - d_real).abs().float().flatten(1).mean(dim=1).clamp_min(1e-6)
+            weight = self.vsd_weight(x.detach(), x_t, t, d_real, d_fake, condition) / normaliser
+            grad = torch.nan_to_num((d_fake - d_real).float() * weight.view(-1, *([1] * (x.dim() - 1))))
+        vsd = 0.5 * F.mse_loss(x.float(), (x.detach().float() - grad), reduction="mean")
+        total = self.config.vsd_loss_weight * vsd
+        loss_dict: dict[str, torch.Tensor] = {"vsd_loss": vsd.detach(), "dmd_grad_norm": grad.flatten(1).norm(dim=1).mean()}
+        if self.use_gan:
+            # The generator's GAN term sees x noised afresh, with gradients through the frozen critic into x.
+            t_gan = self.sample_vsd_t(x.shape[0], x.device)
+            x_t_gan = self.noise_scheduler.add_noise(x, torch.randn_like(x), t_gan)
+            with frozen(self.fake_score, self.discriminator):
+                gen = F.softplus(-self.discriminate(x_t_gan, t_gan, condition)).mean()
+            total = total + self.config.gan_loss_weight_gen * gen
+            loss_dict["gan_gen_loss"] = gen.detach()
+        loss_dict["total_loss"] = total
+        return loss_dict, {"generated": x.detach(), "x_t": x_t, "t": t}
+
+    def critic_step(self, real: torch.Tensor, condition: torch.Tensor | None,
+                    noise: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        with torch.no_grad():
+            x = self.generate_for_training(noise, condition)
+        scheduler = self.noise_scheduler
+        t = scheduler.sample_t(x.shape[0], device=x.device).to(self.precision)
+        eps = torch.randn_like(x)
+        x_t = scheduler.add_noise(x, eps, t)
+        if self.use_gan:
+            pred, features = self.fake_score(x_t, t, condition=condition, feature_indices=self.feature_indices)
+        else:
+            pred = self.fake_score(x_t, t, condition=condition)
+        per_sample = (pred.float() - scheduler.target(x, eps, t).float()).square().flatten(1).mean(dim=1)
+        fake_loss = (scheduler.loss_weight(t.float()) * per_sample).mean()
+        total = fake_loss
+        loss_dict: dict[str, torch.Tensor] = {"fake_score_loss": fake_loss.detach()}
+        if self.use_gan:
+            assert self.discriminator is not None
+            d_fake = self.discriminator(features).float()
+            real_t = scheduler.add_noise(real, torch.randn_like(real), t)
+            r1_on = self.config.r1_weight > 0 and torch.is_grad_enabled()
+            if r1_on:
+                real_t = real_t.detach().requires_grad_(True)
+            d_real = self.discriminate(real_t, t, condition)
+            disc = F.softplus(d_fake).mean() + F.softplus(-d_real).mean()
+            total = total + self.config.gan_loss_weight_disc * disc
+            loss_dict.update(gan_disc_loss=disc.detach(), d_real_logit=d_real.detach().mean(),
+                             d_fake_logit=d_fake.detach().mean())
+            if r1_on:
+                (grad_real,) = torch.autograd.grad(d_real.sum(), real_t, create_graph=True)
+                r1 = grad_real.float().square().flatten(1).sum(dim=1).mean()
+                total = total + 0.5 * self.config.r1_weight * r1
+                loss_dict["r1_loss"] = r1.detach()
+        loss_dict["total_loss"] = total
+        return loss_dict, {"generated": x, "x_t": x_t, "t": t}

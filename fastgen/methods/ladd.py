@@ -1,0 +1,86 @@
+"""LADD: latent adversarial diffusion distillation (Sauer et al. 2024, "Fast High-Resolution Image Synthesis
+with Latent Adversarial Diffusion Distillation").
+
+The discriminator reads the *frozen teacher's* features: the student's sample ``x = G(z)`` and a real sample are
+noised to the same time, ``x_t = alpha_t x + sigma_t eps`` (LADD Sec. 3.1, "noise the generated and real data
+before passing them to the teacher"), the teacher returns features at ``feature_indices`` and trainable heads
+(``fastgen.networks.discriminator``) turn them into one logit. Hinge losses (Sec. 3.1, following ADD):
+
+* student iterations (``iteration % student_update_freq == 0``, optimizer ``net``):
+  ``L_G = -E[D(teacher_features(x_t))]`` with gradients through the frozen teacher and heads into ``x``;
+* discriminator iterations (optimizer ``discriminator``):
+  ``L_D = E[max(0, 1 - D(real_t))] + E[max(0, 1 + D(sg(x)_t))]``.
+
+Optionally ``distill_loss_weight > 0`` adds a regression of the 1-step output onto the teacher's denoised
+estimate of the same noised sample (a stabiliser; 0 is pure LADD). Logged keys: ``total_loss``; student
+iterations ``gan_gen_loss`` (and ``distill_loss``); discriminator iterations ``gan_disc_loss``,
+``d_real_logit``, ``d_fake_logit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastgen.methods.dmd2 import frozen
+from fastgen.methods.distill import DistillationModel
+from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, probe_feature_shapes
+
+
+class LADDModel(DistillationModel):
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        if config.student_update_freq < 1:
+            raise ValueError("model.student_update_freq must be >= 1")
+        self.feature_indices = list(config.feature_indices or default_feature_indices(self.teacher))
+        shapes = probe_feature_shapes(self.teacher, list(config.input_shape), self.feature_indices, self.num_classes, t=1.0)
+        self.discriminator: nn.Module = FeatureDiscriminator(shapes, hidden=config.discriminator_hidden).to(self.precision)
+
+    @property
+    def model_dict(self) -> dict[str, nn.Module]:
+        return {**super().model_dict, "discriminator": self.discriminator}
+
+    @property
+    def trainable_modules(self) -> dict[str, nn.Module]:
+        return {"net": self.net, "discriminator": self.discriminator}
+
+    def get_optimizers(self, iteration: int) -> list[str]:
+        return ["net"] if iteration % self.config.student_update_freq == 0 else ["discriminator"]
+
+    def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
+        _, features = self.teacher(x_t, t, condition=condition, feature_indices=self.feature_indices)
+        return self.discriminator(features).float()
+
+    def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        real = data["real"].to(self.precision)
+        condition = self.condition_of(data)
+        scheduler = self.noise_scheduler
+        noise = scheduler.prior_sample((real.shape[0], *self.config.input_shape), device=real.device, dtype=self.precision)
+        t = scheduler.sample_t(real.shape[0], device=real.device).clamp(max(scheduler.t_min, 1e-4), scheduler.t_max).to(self.precision)
+        if iteration % self.config.student_update_freq == 0:
+            x = self.generate(self.net, noise, condition)
+            x_t = scheduler.add_noise(x, torch.randn_like(x), t)
+            with frozen(self.discriminator):
+                gen = -self.discriminate(x_t, t, condition).mean()
+            total = gen
+            loss_dict: dict[str, torch.Tensor] = {"gan_gen_loss": gen.detach()}
+            if self.config.distill_loss_weight > 0:
+                with torch.no_grad():
+                    target = self.teacher_x0(x_t.detach(), t, condition)
+                distill = F.mse_loss(x.float(), target.float())
+                total = total + self.config.distill_loss_weight * distill
+                loss_dict["distill_loss"] = distill.detach()
+            loss_dict["total_loss"] = total
+            return loss_dict, {"generated": x.detach(), "t": t}
+        with torch.no_grad():
+            x = self.generate(self.net, noise, condition)
+        fake_t = scheduler.add_noise(x, torch.randn_like(x), t)
+        real_t = scheduler.add_noise(real, torch.randn_like(real), t)
+        d_fake = self.discriminate(fake_t, t, condition)
+        d_real = self.discriminate(real_t, t, condition)
+        disc = F.relu(1.0 - d_real).mean() + F.relu(1.0 + d_fake).mean()
+        return ({"total_loss": disc, "gan_disc_loss": disc.detach(), "d_real_logit": d_real.detach().mean(),
+                 "d_fake_logit": d_fake.detach().mean()}, {"generated": x, "t": t})

@@ -1,0 +1,235 @@
+"""DMD2, f-distill and LADD on tiny networks: which modules get gradients, the DMD gradient (DMD Eq. 7-8), the
+two-time-scale alternation with per-module optimizer/scheduler steps, CFG, R1, multi-step students."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import DictConfig
+
+from fastgen.configs.config import BaseConfig
+from fastgen.configs.data import digits_loader, toy_loader
+from fastgen.configs.instantiate import LazyCall, instantiate
+from fastgen.configs.methods.config_dmd2 import create_config as dmd2_config
+from fastgen.configs.methods.config_f_distill import create_config as f_distill_config
+from fastgen.configs.methods.config_ladd import create_config as ladd_config
+from fastgen.configs.net import edm_unet_8x8, toy_mlp
+from fastgen.methods.dmd2 import DMD2Model, frozen
+from fastgen.methods.f_distill import f_divergence_weight
+from fastgen.trainer import Trainer
+
+
+def toy_dmd2(gan: bool = False, **model: object) -> BaseConfig:
+    config = dmd2_config()
+    config.model.net = toy_mlp(hidden_dim=32, num_layers=2)
+    config.model.input_shape = [2]
+    config.model.gan_loss_weight_gen = 0.1 if gan else 0.0
+    for key, value in model.items():
+        setattr(config.model, key, value)
+    config.dataloader_train = toy_loader("eight_gaussians", batch_size=16, num_samples=256)
+    config.trainer.max_iter = 6
+    config.trainer.logging_iter = 2
+    config.trainer.save_ckpt_iter = 100
+    config.trainer.callbacks = DictConfig({})
+    config.log_config.wandb_mode = "disabled"
+    return config
+
+
+def digits_dmd2(**model: object) -> BaseConfig:
+    config = dmd2_config()
+    config.model.net = edm_unet_8x8(num_classes=10, model_channels=8, channel_mult=[1, 2])
+    config.model.num_classes = 10
+    config.model.gan_loss_weight_gen = 0.1
+    for key, value in model.items():
+        setattr(config.model, key, value)
+    config.dataloader_train = digits_loader(batch_size=8)
+    return config
+
+
+def build(config: BaseConfig) -> DMD2Model:
+    torch.manual_seed(0)
+    model = instantiate(config.model_class, config=config.model)
+    model.init_weights()
+    model.init_optimizers()
+    return model
+
+
+def grads(module: torch.nn.Module) -> bool:
+    return any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
+
+
+def perturb(module: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+
+
+@pytest.mark.parametrize("gan", [False, True])
+def test_student_iteration_trains_only_the_student(gan: bool) -> None:
+    model = build(toy_dmd2(gan=gan))
+    perturb(model.fake_score)  # a fake score equal to the teacher gives a zero DMD gradient
+    loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=0)
+    loss_dict["total_loss"].backward()
+    assert grads(model.net)
+    assert not grads(model.teacher) and not grads(model.fake_score)
+    if gan:
+        assert not grads(model.discriminator) and "gan_gen_loss" in loss_dict
+    assert all(p.requires_grad for p in model.fake_score.parameters())  # `frozen` restored the flags
+    assert model.get_optimizers(0) == ["net"]
+
+
+@pytest.mark.parametrize("gan", [False, True])
+def test_critic_iteration_trains_fake_score_and_discriminator_only(gan: bool) -> None:
+    model = build(toy_dmd2(gan=gan))
+    loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=1)
+    loss_dict["total_loss"].backward()
+    assert grads(model.fake_score) and not grads(model.net) and not grads(model.teacher)
+    assert "fake_score_loss" in loss_dict
+    if gan:
+        assert grads(model.discriminator) and "gan_disc_loss" in loss_dict
+        assert model.get_optimizers(1) == ["fake_score", "discriminator"]
+    else:
+        assert model.get_optimizers(1) == ["fake_score"]
+
+
+def test_dmd_gradient_matches_the_formula() -> None:
+    """d L_VSD / d x = (D_fake - D_real) / mean|x - D_real| / numel (DMD Eq. 7-8 through the surrogate)."""
+    model = build(toy_dmd2())
+    perturb(model.fake_score)
+    x = torch.randn(8, 2, requires_grad=True)
+    model.generate_for_training = lambda noise, condition: x  # type: ignore[method-assign]
+    torch.manual_seed(3)
+    loss_dict, out = model.single_train_step({"real": torch.randn(8, 2)}, iteration=0)
+    (grad_x,) = torch.autograd.grad(loss_dict["total_loss"], x)
+    with torch.no_grad():
+        d_real = model.teacher(out["x_t"], out["t"], fwd_pred_type="x0")
+        d_fake = model.fake_score(out["x_t"], out["t"], fwd_pred_type="x0")
+        w = 1.0 / (x - d_real).abs().mean(dim=1, keepdim=True)
+        expected = (d_fake - d_real) * w / x.numel()
+    torch.testing.assert_close(grad_x, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_fake_score_equal_to_teacher_gives_zero_dmd_gradient() -> None:
+    model = build(toy_dmd2())
+    loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=0)
+    assert float(loss_dict["vsd_loss"]) == 0.0
+    loss_dict["total_loss"].backward()
+    assert not grads(model.net)
+
+
+def test_classifier_free_guidance_of_the_teacher() -> None:
+    model = build(digits_dmd2())
+    perturb(model.teacher)
+    x_t, t = torch.randn(4, 1, 8, 8), torch.full((4,), 2.0)
+    labels = torch.tensor([0, 1, 2, 3])
+    cond = model.teacher(x_t, t, condition=labels, fwd_pred_type="x0")
+    uncond = model.teacher(x_t, t, condition=torch.zeros(4, 10), fwd_pred_type="x0")
+    torch.testing.assert_close(model.teacher_x0(x_t, t, labels, guidance_scale=1.0), cond, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.teacher_x0(x_t, t, labels, guidance_scale=0.0), uncond, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.teacher_x0(x_t, t, labels, guidance_scale=3.0), uncond + 3.0 * (cond - uncond),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_r1_penalty_on_noised_real_data() -> None:
+    model = build(digits_dmd2(r1_weight=1.0))
+    batch = {"real": torch.rand(4, 1, 8, 8) * 2 - 1, "condition": torch.tensor([0, 1, 2, 3])}
+    loss_dict, _ = model.single_train_step(batch, iteration=1)
+    assert float(loss_dict["r1_loss"]) > 0
+    loss_dict["total_loss"].backward()
+    assert grads(model.discriminator) and grads(model.fake_score)
+    with torch.no_grad():  # validation: no R1 (needs autograd), nothing breaks
+        assert "r1_loss" not in model.single_train_step(batch, iteration=1)[0]
+
+
+def test_multi_step_student_backward_simulation_and_sampling() -> None:
+    model = build(digits_dmd2(t_list=[80.0, 1.0, 0.2]))
+    noise = torch.randn(4, 1, 8, 8) * 80
+    labels = torch.tensor([0, 1, 2, 3])
+    for seed in range(4):  # each k in {0, 1, 2} gives a student output with a graph to the student only
+        torch.manual_seed(seed)
+        x = model.generate_for_training(noise, labels)
+        assert x.shape == noise.shape and x.requires_grad
+    samples, sample_labels = model.sample(6, generator=torch.Generator().manual_seed(0))
+    assert samples.shape == (6, 1, 8, 8) and sample_labels.tolist() == [0, 1, 2, 3, 4, 5]
+    again, _ = model.sample(6, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(samples, again)  # the re-noising draws from the sampling generator
+
+
+def test_teacher_samples_with_heun_and_students_in_one_step() -> None:
+    model = build(toy_dmd2())
+    calls: list[int] = []
+    model.net.register_forward_hook(lambda *a: calls.append(1))
+    model.sample(5, net=model.net)
+    assert len(calls) == 1
+    model.teacher.register_forward_hook(lambda *a: calls.append(2))
+    model.sample(5, net=model.teacher, steps=3)
+    assert calls.count(2) == 5  # Heun: 2 * 3 - 1 evaluations
+
+
+def test_only_stepped_modules_and_their_schedulers_advance(tmp_path: object) -> None:
+    config = toy_dmd2(gan=True, student_update_freq=3)
+    step_lr = LazyCall("torch.optim.lr_scheduler.StepLR")(step_size=1000, gamma=0.5)
+    config.model.net_scheduler = step_lr
+    config.model.fake_score_scheduler = step_lr
+    config.model.discriminator_scheduler = step_lr
+    config.trainer.max_iter = 7
+    trainer = Trainer(config)
+    model = trainer.run()
+    # iterations 0, 3, 6 train the student; 1, 2, 4, 5 the critic
+    assert model.scheduler_dict["net"].last_epoch == 3
+    assert model.scheduler_dict["fake_score"].last_epoch == 4
+    assert model.scheduler_dict["discriminator"].last_epoch == 4
+    assert model.optimizer_dict["net"].state[model.optimizer_dict["net"].param_groups[0]["params"][0]]["step"] == 3
+
+
+def test_frozen_restores_flags_after_an_exception() -> None:
+    layer = torch.nn.Linear(2, 2)
+    layer.bias.requires_grad_(False)
+    with pytest.raises(RuntimeError), frozen(layer):
+        assert not layer.weight.requires_grad
+        raise RuntimeError
+    assert layer.weight.requires_grad and not layer.bias.requires_grad
+
+
+def test_f_divergence_weights() -> None:
+    log_r = torch.tensor([-1.0, 0.0, 2.0])
+    r = log_r.exp()
+    torch.testing.assert_close(f_divergence_weight(log_r, "reverse_kl"), torch.ones(3))
+    torch.testing.assert_close(f_divergence_weight(log_r, "forward_kl"), r)
+    torch.testing.assert_close(f_divergence_weight(log_r, "js"), r / (r + 1))
+    torch.testing.assert_close(f_divergence_weight(log_r, "jeffreys"), r + 1)
+    torch.testing.assert_close(f_divergence_weight(log_r, "squared_hellinger"), r.sqrt() / 2)
+    with pytest.raises(ValueError):
+        f_divergence_weight(log_r, "tv")
+
+
+def test_f_distill_needs_the_discriminator_and_weights_the_gradient() -> None:
+    config = f_distill_config()
+    config.model.net = toy_mlp(hidden_dim=32, num_layers=2)
+    config.model.input_shape = [2]
+    model = build(config)
+    perturb(model.fake_score)
+    perturb(model.discriminator)
+    loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=0)
+    assert float(loss_dict["f_weight_max"]) > 1.0  # non-uniform weights, normalised to mean 1
+    config.model.gan_loss_weight_gen = 0.0
+    with pytest.raises(ValueError, match="gan_loss_weight_gen"):
+        instantiate(config.model_class, config=config.model)
+
+
+def test_ladd_trains_heads_on_frozen_teacher_features() -> None:
+    config = ladd_config()
+    config.model.net = edm_unet_8x8(num_classes=10, model_channels=8, channel_mult=[1, 2])
+    config.model.num_classes = 10
+    config.model.distill_loss_weight = 0.5
+    model = build(config)
+    batch = {"real": torch.rand(4, 1, 8, 8) * 2 - 1, "condition": torch.tensor([0, 1, 2, 3])}
+    loss_dict, _ = model.single_train_step(batch, iteration=0)
+    loss_dict["total_loss"].backward()
+    assert grads(model.net) and not grads(model.teacher) and not grads(model.discriminator)
+    assert {"gan_gen_loss", "distill_loss"} <= set(loss_dict)
+    model.zero_grad(set_to_none=True)
+    loss_dict, _ = model.single_train_step(batch, iteration=1)
+    loss_dict["total_loss"].backward()
+    assert grads(model.discriminator) and not grads(model.net) and not grads(model.teacher)
+    assert model.get_optimizers(0) == ["net"] and model.get_optimizers(1) == ["discriminator"]
