@@ -14,6 +14,11 @@ written as ``lerp(ema, net, 1 - beta)`` (the same update). ``beta`` follows one 
 Before ``start_iter`` the EMA copies the network (``beta = 0``). Several EMAs can run at once, each a
 callback with its own ``ema_name`` matching a name in ``model.use_ema``. Logged keys: ``ema/<name>_beta``.
 
+The EMA moves only when the network does: iterations in which the ``net`` optimizer did not step (a GAN-style
+method training its critic, or a step skipped for a non-finite gradient) leave it alone, and the schedules'
+``t`` counts the network's updates, so a DMD2 student updated every fifth iteration gets the same averaging
+profile per update as a network updated every iteration.
+
 **Flat layout** (``flat=True``, the default). The update reads two copies of the weights and writes one, so its
 floor is memory bandwidth; what it costs beyond that is per-tensor overhead (a U-Net has hundreds of parameter
 tensors, and ``torch._foreach_lerp_`` on CPU is a loop over them). So at ``on_model_init_end`` - before the
@@ -231,6 +236,9 @@ class EMACallback(Callback):
         self.start_iter = start_iter
         self.flat = bool(flat)
         self.last_beta = 0.0
+        self.num_updates = 0  # optimizer steps of `net` so far (restored on resume)
+        self.updates_at_start = 0  # num_updates at start_iter: the schedules' t counts from here
+        self._loaded_counts: bool | None = None
         self.relayouts = 0
         self._plan: _Plan | None = None
 
@@ -281,19 +289,35 @@ class EMACallback(Callback):
             torch._foreach_copy_(plan.dst_buffers, plan.src_buffers)
 
     def on_training_step_end(self, model: Any, data_batch: dict, output_batch: dict, loss_dict: dict, iteration: int = 0) -> None:
+        trainer = self.trainer
+        if trainer.step_skipped or "net" not in trainer.stepping:
+            return  # the network did not move: nothing to average in
+        self.num_updates += 1
         if iteration <= self.start_iter:
             beta = 0.0
+            self.updates_at_start = self.num_updates
         else:
-            beta = ema_beta(self.kind, iteration - self.start_iter, beta=self.beta, gamma=self.gamma,
+            beta = ema_beta(self.kind, self.num_updates - self.updates_at_start, beta=self.beta, gamma=self.gamma,
                             halflife_kimg=self.halflife_kimg, rampup_ratio=self.rampup_ratio,
-                            batch_size=self.trainer.global_batch_size)
+                            batch_size=trainer.global_batch_size)
         self.update(model, beta)
         self.last_beta = beta
-        self.trainer.log_scalar(f"ema/{self.ema_name}_beta", beta)
+        trainer.log_scalar(f"ema/{self.ema_name}_beta", beta)
+
+    def on_load_checkpoint_end(self, model: Any, iteration: int = 0, checkpoint_path: str | None = None) -> None:
+        if self._loaded_counts is None and iteration > 0:
+            # A checkpoint without update counts (written before they were recorded): every iteration stepped.
+            self.num_updates = iteration
+            self.updates_at_start = min(iteration, self.start_iter)
+        self._loaded_counts = None
 
     def state_dict(self) -> dict[str, Any]:
         # The EMA weights themselves are in the checkpoint's model_dict; only the schedule position lives here.
-        return {"last_beta": self.last_beta}
+        return {"last_beta": self.last_beta, "num_updates": self.num_updates, "updates_at_start": self.updates_at_start}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.last_beta = float(state_dict.get("last_beta", 0.0))
+        if "num_updates" in state_dict:
+            self.num_updates = int(state_dict["num_updates"])
+            self.updates_at_start = int(state_dict["updates_at_start"])
+            self._loaded_counts = True

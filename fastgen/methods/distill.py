@@ -6,6 +6,8 @@ What it adds to ``FastGenModel``:
 * ``teacher`` - a frozen ``DiffusionNet`` (``config.teacher``, default the architecture of ``net``) loaded from
   ``config.teacher_ckpt`` in ``init_weights()`` (fresh runs only; a resumed run restores it from the checkpoint,
   which stores the teacher so that a run directory is self-contained and ``fastgen sample --teacher`` works);
+  methods that can also learn from data alone return False from ``uses_teacher()`` in that mode (consistency
+  training, MeanFlow): then ``teacher`` is None and ``teacher_ckpt`` only initialises the student;
 * ``teacher_x0(x_t, t, condition)`` - the teacher's denoised estimate with classifier-free guidance
   ``D_u + s (D_c - D_u)`` (Ho & Salimans 2022, Eq. 6) when ``config.guidance_scale`` is set;
 * ``generate(net, noise, condition)`` - the student's few-step sampler over ``config.t_list`` (default: one step
@@ -53,6 +55,7 @@ class DistillationModel(FastGenModel):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
+        self._noise_grid: torch.Tensor | None = None
         self.teacher: nn.Module | None = None
         if self.uses_teacher():
             teacher_cfg = config.teacher if config.teacher is not None else config.net
@@ -124,6 +127,28 @@ class DistillationModel(FastGenModel):
                             condition=torch.cat([cond, torch.zeros_like(cond)]), fwd_pred_type="x0")
         c, u = both.chunk(2)
         return u + scale * (c - u)
+
+    # ---- noise levels -----------------------------------------------------------------------------------------
+    def sample_noise_levels(self, batch: int, device: torch.device | str, dist: str = "sampling",
+                            t_min: float | None = None, t_max: float | None = None) -> torch.Tensor:
+        """Times at which generated samples are re-noised for a critic (DMD2's score difference, LADD's
+        discriminator). ``dist="sampling"``: uniform over a 1000-step sampling grid of the schedule - DMD2 draws
+        uniform timesteps (Yin et al. 2024, Sec. 3), which for EDM's Karras grid covers high noise well;
+        ``"train"``: the schedule's training distribution (EDM's log-normal, mostly low noise). Clamped to
+        ``[t_min, t_max]`` (default: the schedule's range, above 1e-4)."""
+        scheduler = self.noise_scheduler
+        if dist == "sampling":
+            grid = self._noise_grid
+            if grid is None or grid.device != torch.device(device):
+                grid = self._noise_grid = scheduler.sampling_times(1000, device=device)[:-1]
+            t = grid[torch.randint(grid.numel(), (batch,), device=device)]
+        elif dist == "train":
+            t = scheduler.sample_t(batch, device=device)
+        else:
+            raise ValueError(f"unknown noise-level distribution {dist!r} (use 'sampling' or 'train')")
+        low = t_min if t_min is not None else max(scheduler.t_min, 1e-4)
+        high = t_max if t_max is not None else scheduler.t_max
+        return t.clamp(low, high).to(self.precision)
 
     # ---- the student ------------------------------------------------------------------------------------------
     def student_times(self) -> list[float]:

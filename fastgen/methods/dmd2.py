@@ -66,7 +66,6 @@ class DMD2Model(DistillationModel):
         super().__init__(config)
         if config.student_update_freq < 1:
             raise ValueError("model.student_update_freq must be >= 1")
-        self._vsd_grid: torch.Tensor | None = None
         fake_cfg = config.fake_score if config.fake_score is not None else config.net
         self.fake_score: nn.Module = instantiate(fake_cfg).to(self.precision)
         self.use_gan = config.gan_loss_weight_gen > 0
@@ -130,18 +129,8 @@ class DMD2Model(DistillationModel):
         return self.net(x_t, t_k, condition=condition, fwd_pred_type="x0")
 
     def sample_vsd_t(self, batch: int, device: torch.device) -> torch.Tensor:
-        """Noise levels for the distribution-matching gradient (``vsd_t_dist``): uniform over a 1000-step
-        sampling grid (DMD2 draws uniform timesteps, Yin et al. 2024, Sec. 3) or the training distribution."""
-        scheduler = self.noise_scheduler
-        if self.config.vsd_t_dist == "sampling":
-            if self._vsd_grid is None or self._vsd_grid.device != torch.device(device):
-                self._vsd_grid = scheduler.sampling_times(1000, device=device)[:-1]
-            t = self._vsd_grid[torch.randint(self._vsd_grid.numel(), (batch,), device=device)]
-        else:
-            t = scheduler.sample_t(batch, device=device)
-        low = self.config.vsd_t_min if self.config.vsd_t_min is not None else max(scheduler.t_min, 1e-4)
-        high = self.config.vsd_t_max if self.config.vsd_t_max is not None else scheduler.t_max
-        return t.clamp(low, high).to(self.precision)
+        """Noise levels for the distribution-matching gradient (``vsd_t_dist``, clamped to ``vsd_t_min/max``)."""
+        return self.sample_noise_levels(batch, device, self.config.vsd_t_dist, self.config.vsd_t_min, self.config.vsd_t_max)
 
     def vsd_weight(self, x: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, d_real: torch.Tensor,
                    d_fake: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:

@@ -59,7 +59,7 @@ class LADDModel(DistillationModel):
         condition = self.condition_of(data)
         scheduler = self.noise_scheduler
         noise = scheduler.prior_sample((real.shape[0], *self.config.input_shape), device=real.device, dtype=self.precision)
-        t = scheduler.sample_t(real.shape[0], device=real.device).clamp(max(scheduler.t_min, 1e-4), scheduler.t_max).to(self.precision)
+        t = self.sample_noise_levels(real.shape[0], real.device, self.config.t_dist)
         if iteration % self.config.student_update_freq == 0:
             x = self.generate(self.net, noise, condition)
             x_t = scheduler.add_noise(x, torch.randn_like(x), t)

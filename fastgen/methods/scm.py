@@ -27,7 +27,8 @@ network of the time (module ``logvar``, its own optimizer ``logvar_optimizer``).
 is ``-2 g^T grad F``, the continuous-time consistency gradient of Eq. 7.
 
 Training times: ``sigma_d tan t`` log-normal with ``P_mean``, ``P_std`` (Sec. 4.1), truncated to
-``[sigma_min, sigma_max]`` and to the network's own range. Sampling (``generator_fn``): ``f(x_T, T)`` in one step,
+``[sigma_min, sigma_max]`` and to the network's own range (a rectified-flow network's ``t = 1`` is ``sigma = inf``:
+training reaches ``t = sigma_max / (1 + sigma_max)``, so raise ``sigma_max`` for such students). Sampling (``generator_fn``): ``f(x_T, T)`` in one step,
 or the multistep consistency sampler over ``t_list`` in the network's time (``DistillationModel.generate``).
 
 Logged keys (``loss_dict``): ``total_loss``, ``scm_loss`` (mean unweighted ``||F - F^- - g||^2 / D``),

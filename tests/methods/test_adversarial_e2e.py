@@ -11,7 +11,7 @@ import torch
 from fastgen.configs.config_utils import load_config
 from fastgen.configs.instantiate import instantiate
 
-from .conftest import small_toy_mlp, toy_energy, toy_run_config, train
+from toy_distill import small_toy_mlp, toy_energy, toy_run_config, train
 
 
 @pytest.mark.slow
@@ -20,12 +20,11 @@ def test_student_gets_closer_to_the_data(recipe: str, toy_teacher_ckpt: Path) ->
     config = toy_run_config(load_config(recipe), recipe.split("_", 1)[1], max_iter=400)
     config.model.net = small_toy_mlp()
     config.model.teacher_ckpt = str(toy_teacher_ckpt)
-    config.model.net_optimizer.lr = 1e-3
+    config.model.net_optimizer.lr = 3e-4
     if hasattr(config.model, "fake_score_optimizer"):
-        config.model.fake_score_optimizer.lr = 1e-3
-        config.model.student_update_freq = 2
+        config.model.fake_score_optimizer.lr = 3e-4
     if hasattr(config.model, "discriminator_optimizer"):
-        config.model.discriminator_optimizer.lr = 1e-3
+        config.model.discriminator_optimizer.lr = 3e-4
     initial = instantiate(config.model_class, config=config.model)
     initial.init_weights()
     before = toy_energy(initial)

@@ -233,3 +233,27 @@ def test_ladd_trains_heads_on_frozen_teacher_features() -> None:
     loss_dict["total_loss"].backward()
     assert grads(model.discriminator) and not grads(model.net) and not grads(model.teacher)
     assert model.get_optimizers(0) == ["net"] and model.get_optimizers(1) == ["discriminator"]
+
+
+def test_ema_follows_only_the_student_updates() -> None:
+    """The student's EMA moves only in student iterations, and the power schedule's t counts those updates."""
+    from fastgen.configs.callbacks import EMA_POWER_CALLBACK
+
+    config = toy_dmd2(student_update_freq=3, use_ema=True)
+    config.trainer.max_iter = 7  # student iterations: 0, 3, 6
+    config.trainer.callbacks = DictConfig({**EMA_POWER_CALLBACK})
+    trainer = Trainer(config)
+    seen: list[tuple[int, float]] = []
+    ema_callback = trainer.callbacks["ema"]
+    original = ema_callback.update
+
+    def record(model: object, beta: float) -> None:
+        seen.append((trainer.iteration, beta))
+        original(model, beta)
+
+    ema_callback.update = record  # type: ignore[method-assign]
+    trainer.run()
+    gamma = ema_callback.gamma
+    assert [it for it, _ in seen] == [1, 4, 7]  # completed-step counts after iterations 0, 3, 6
+    assert [beta for _, beta in seen] == pytest.approx([(1 - 1 / t) ** (gamma + 1) for t in (1, 2, 3)])
+    assert ema_callback.num_updates == 3

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build, has_grad, report, small_toy_mlp, tiny, toy_energy, toy_run_config, train
+from toy_distill import build, has_grad, report, small_toy_mlp, tiny, toy_energy, toy_run_config, train
 
 from fastgen.configs.config_utils import load_config
 from fastgen.configs.instantiate import instantiate

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import attrs
 from omegaconf import DictConfig
@@ -20,6 +20,8 @@ class LADDModelConfig(DistillModelConfig):
     student_update_freq: int = 2  # student on even iterations, discriminator on odd ones
     feature_indices: Optional[list[int]] = None  # teacher feature levels read by the heads; None: bottleneck
     discriminator_hidden: Optional[int] = None
+    # Noise levels at which real and generated samples meet the discriminator (see DistillationModel.sample_noise_levels).
+    t_dist: Literal["sampling", "train"] = "sampling"
     distill_loss_weight: float = 0.0
 
 

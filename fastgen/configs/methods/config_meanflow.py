@@ -1,8 +1,9 @@
 """Method config for MeanFlow (Geng et al. 2025, "Mean Flows for one-step generative modeling"). See
 ``fastgen.methods.meanflow``.
 
-MeanFlow trains from data by default (``mode="data"``): no teacher is built or checkpointed, and ``teacher_ckpt``,
-when set, only initialises the network (e.g. from a flow-matching model with the same ``use_r`` backbone).
+MeanFlow trains from data by default (``mode="data"``): no teacher is built or checkpointed; with
+``student_init_from_teacher=True`` a ``teacher_ckpt`` initialises the network (e.g. a flow-matching model with the
+same ``use_r`` backbone).
 ``mode="distill"`` takes the instantaneous velocity from the teacher instead of ``eps - x0``. The network must use
 the rectified-flow schedule and a backbone built with ``use_r=True`` (``UNet``, ``MLPDenoiser``, ``EDM2UNet``).
 
