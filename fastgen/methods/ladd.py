@@ -12,7 +12,8 @@ before passing them to the teacher"), the teacher returns features at ``feature_
   ``L_D = E[max(0, 1 - D(real_t))] + E[max(0, 1 + D(sg(x)_t))]``.
 
 Optionally ``distill_loss_weight > 0`` adds a regression of the 1-step output onto the teacher's denoised
-estimate of the same noised sample (a stabiliser; 0 is pure LADD). Logged keys: ``total_loss``; student
+estimate of the same noised sample (0, the default, is pure LADD; at high noise that estimate is close to the data
+mean, so a large weight pulls samples together). Logged keys: ``total_loss``; student
 iterations ``gan_gen_loss`` (and ``distill_loss``); discriminator iterations ``gan_disc_loss``,
 ``d_real_logit``, ``d_fake_logit``.
 """

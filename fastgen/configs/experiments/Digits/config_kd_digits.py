@@ -11,35 +11,18 @@ the cache remembers the teacher and the student times and refuses to serve anoth
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
-from fastgen.configs.callbacks import GradClip_CALLBACK, WANDB_CALLBACK
 from fastgen.configs.config import BaseConfig
-from fastgen.configs.experiments.Digits.config_dmd2_digits import shipped_teacher
+from fastgen.configs.experiments.Digits.common import digits_distillation
 from fastgen.configs.experiments.Toy.config_kd_toy import kd_cache_path
 from fastgen.configs.methods.config_kd import create_config as kd_config
 from fastgen.configs.methods.config_kd import kd_pairs_loader
-from fastgen.configs.net import edm_unet_8x8
 
 
 def create_config() -> BaseConfig:
-    config = kd_config()
-    config.model.net = edm_unet_8x8(num_classes=10)
-    config.model.teacher_ckpt = shipped_teacher()
-    config.model.input_shape = [1, 8, 8]
-    config.model.num_classes = 10
-    config.model.sample_steps = 18  # the teacher's Heun steps, for the pairs and `fastgen sample --net teacher`
+    config = digits_distillation(kd_config(), max_iter=2000, save_ckpt_iter=1000)
     config.model.kd_num_samples = 10_000
     config.model.net_optimizer.lr = 1e-4
     path = kd_cache_path("digits_kd_1step.pt")
     config.model.kd_data_path = path
     config.dataloader_train = kd_pairs_loader(path, batch_size=64)
-    config.trainer.max_iter = 2000
-    config.trainer.logging_iter = 100
-    config.trainer.save_ckpt_iter = 1000
-    config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **WANDB_CALLBACK})
-    config.trainer.callbacks.wandb.sample_iter = 500
-    config.trainer.callbacks.wandb.num_samples = 100
-    config.log_config.group = "digits"
-    config.log_config.name = "kd"
     return config

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from fastgen.configs.callbacks import EMA_CALLBACK, GradClip_CALLBACK, WANDB_CALLBACK
+from fastgen.configs.callbacks import EMA_CALLBACK
 from fastgen.configs.config import BaseConfig
-from fastgen.configs.data import digits_loader
+from fastgen.configs.experiments.Digits.common import digits_distillation
 from fastgen.configs.instantiate import LazyCall
 from fastgen.configs.methods.config_meanflow import create_config as meanflow_config
 from fastgen.configs.net import flow_schedule
@@ -30,21 +30,11 @@ def meanflow_unet_8x8(num_classes: int = 10, model_channels: int = 32) -> DictCo
 
 
 def create_config() -> BaseConfig:
-    config = meanflow_config()
-    config.model.net = meanflow_unet_8x8(num_classes=10)
-    config.model.input_shape = [1, 8, 8]
-    config.model.num_classes = 10
+    config = digits_distillation(meanflow_config(), max_iter=4000, save_ckpt_iter=1000, callbacks=EMA_CALLBACK,
+                                 net=meanflow_unet_8x8(num_classes=10))
     config.model.use_ema = True
     config.model.ratio_r_neq_t = 0.25
     config.model.net_optimizer.lr = 1e-3
-    config.dataloader_train = digits_loader(split="train", batch_size=64)
-    config.trainer.max_iter = 4000
-    config.trainer.logging_iter = 100
-    config.trainer.save_ckpt_iter = 1000
-    config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **EMA_CALLBACK, **WANDB_CALLBACK})
     config.trainer.callbacks.ema.type = "power"
     config.trainer.callbacks.wandb.sample_iter = 1000
-    config.trainer.callbacks.wandb.num_samples = 100
-    config.log_config.group = "digits"
-    config.log_config.name = "meanflow"
     return config

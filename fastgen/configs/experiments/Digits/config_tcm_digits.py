@@ -24,5 +24,4 @@ def create_config() -> BaseConfig:
     model.t_prime = 1.0
     config.model = model
     config.model_class = _tcm_class()
-    config.log_config.name = "tcm"
     return config

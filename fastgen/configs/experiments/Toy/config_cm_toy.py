@@ -9,30 +9,17 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
-from fastgen.configs.callbacks import CT_SCHEDULE_CALLBACK, GradClip_CALLBACK, WANDB_CALLBACK
+from fastgen.configs.callbacks import CT_SCHEDULE_CALLBACK
 from fastgen.configs.config import BaseConfig
-from fastgen.configs.data import toy_loader
+from fastgen.configs.experiments.Toy.common import toy_setting
 from fastgen.configs.methods.config_cm import create_config as cm_config
-from fastgen.configs.net import toy_mlp
 
 
 def create_config() -> BaseConfig:
-    config = cm_config()
-    config.model.net = toy_mlp()
-    config.model.input_shape = [2]
-    config.model.num_classes = 0
+    config = toy_setting(cm_config(), callbacks=CT_SCHEDULE_CALLBACK)
     config.model.mode = "ct"
     config.model.t_mean = -1.1  # ECT's log-normal proposal
     config.model.t_std = 2.0
     config.model.net_optimizer.lr = 3e-4
-    config.dataloader_train = toy_loader("eight_gaussians", batch_size=256)
-    config.trainer.max_iter = 2000
-    config.trainer.logging_iter = 100
-    config.trainer.save_ckpt_iter = 1000
-    config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **CT_SCHEDULE_CALLBACK, **WANDB_CALLBACK})
     config.trainer.callbacks.ct_schedule.kimg_per_stage = 100.0  # a stage every ~390 steps: ratio 0.5 ... 0.984
-    config.trainer.callbacks.wandb.num_samples = 2000
-    config.log_config.group = "toy"
     return config

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import os
 
-from omegaconf import DictConfig
 
-from fastgen.configs.callbacks import GradClip_CALLBACK, WANDB_CALLBACK
 from fastgen.configs.config import BaseConfig
+from fastgen.configs.experiments.Toy.common import toy_setting
 from fastgen.configs.methods.config_kd import create_config as kd_config
 from fastgen.configs.methods.config_kd import kd_pairs_loader
-from fastgen.configs.net import toy_mlp
 
 
 def kd_cache_path(name: str) -> str:
@@ -28,19 +26,10 @@ def kd_cache_path(name: str) -> str:
 
 
 def create_config() -> BaseConfig:
-    config = kd_config()
-    config.model.net = toy_mlp()
-    config.model.input_shape = [2]
-    config.model.num_classes = 0
+    config = toy_setting(kd_config())
     config.model.net_optimizer.lr = 5e-4
     config.model.kd_num_samples = 20_000
     path = kd_cache_path("toy_kd_1step.pt")
     config.model.kd_data_path = path
     config.dataloader_train = kd_pairs_loader(path, batch_size=256)
-    config.trainer.max_iter = 2000
-    config.trainer.logging_iter = 100
-    config.trainer.save_ckpt_iter = 1000
-    config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **WANDB_CALLBACK})
-    config.trainer.callbacks.wandb.num_samples = 2000
-    config.log_config.group = "toy"
     return config

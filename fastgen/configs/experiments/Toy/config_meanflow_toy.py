@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from fastgen.configs.callbacks import GradClip_CALLBACK, WANDB_CALLBACK
 from fastgen.configs.config import BaseConfig
-from fastgen.configs.data import toy_loader
+from fastgen.configs.experiments.Toy.common import toy_setting
 from fastgen.configs.instantiate import LazyCall
 from fastgen.configs.methods.config_meanflow import create_config as meanflow_config
 from fastgen.configs.net import flow_schedule
@@ -27,17 +26,7 @@ def meanflow_mlp(hidden_dim: int = 256, num_layers: int = 3) -> DictConfig:
 
 
 def create_config() -> BaseConfig:
-    config = meanflow_config()
-    config.model.net = meanflow_mlp()
-    config.model.input_shape = [2]
-    config.model.num_classes = 0
+    config = toy_setting(meanflow_config(), max_iter=4000, save_ckpt_iter=2000, net=meanflow_mlp())
     config.model.ratio_r_neq_t = 0.5
     config.model.net_optimizer.lr = 1e-3
-    config.dataloader_train = toy_loader("eight_gaussians", batch_size=256)
-    config.trainer.max_iter = 4000
-    config.trainer.logging_iter = 100
-    config.trainer.save_ckpt_iter = 2000
-    config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **WANDB_CALLBACK})
-    config.trainer.callbacks.wandb.num_samples = 2000
-    config.log_config.group = "toy"
     return config

@@ -1,0 +1,43 @@
+"""What every digits distillation recipe shares: the shipped teacher, the class-conditional 8x8 U-Net, the data,
+the schedule and the callbacks. Recipes call ``digits_distillation(method_config)`` and then set only what is
+particular to their method."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from omegaconf import DictConfig
+
+from fastgen.configs.callbacks import GradClip_CALLBACK, WANDB_CALLBACK
+from fastgen.configs.config import BaseConfig
+from fastgen.configs.data import digits_loader
+from fastgen.configs.net import edm_unet_8x8
+
+
+def shipped_teacher() -> str:
+    """Absolute path of the digits teacher that ships inside the package (``fastgen/assets/digits_teacher.pth``:
+    the EMA network of ``Digits/config_sft_digits`` after 4,000 iterations; see ``config_dmd2_digits``)."""
+    return str(resources.files("fastgen") / "assets" / "digits_teacher.pth")
+
+
+def digits_distillation(config: BaseConfig, max_iter: int = 1000, save_ckpt_iter: int = 500,
+                        callbacks: dict[str, Any] | None = None, net: DictConfig | None = None) -> BaseConfig:
+    """Fill in the digits setting: ``net`` (default: the teacher's architecture), the shipped teacher (for methods
+    whose config has ``teacher_ckpt``), 18 Heun steps for the teacher (35 evaluations), the train split at batch
+    64, ``max_iter`` iterations, and GradClip + ``callbacks`` + W&B (100-sample grids every 500 iterations)."""
+    config.model.net = net if net is not None else edm_unet_8x8(num_classes=10)
+    if hasattr(config.model, "teacher_ckpt"):
+        config.model.teacher_ckpt = shipped_teacher()
+    config.model.input_shape = [1, 8, 8]
+    config.model.num_classes = 10
+    config.model.sample_steps = 18
+    config.dataloader_train = digits_loader(split="train", batch_size=64)
+    config.trainer.max_iter = max_iter
+    config.trainer.logging_iter = 100
+    config.trainer.save_ckpt_iter = save_ckpt_iter
+    config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **(callbacks or {}), **WANDB_CALLBACK})
+    config.trainer.callbacks.wandb.sample_iter = 500
+    config.trainer.callbacks.wandb.num_samples = 100
+    config.log_config.group = "digits"
+    return config
