@@ -109,3 +109,18 @@ def test_mlp_denoiser_and_second_time_input() -> None:
     assert not torch.allclose(net(x, t, r=torch.zeros(5)), net(x, t, r=torch.ones(5)))
     with pytest.raises(ValueError, match="log-variance"):
         net(x, t, return_logvar=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_heun_sampler_stays_in_the_models_dtype(dtype: torch.dtype) -> None:
+    """Every network evaluation of the teacher's sampler sees the dtype of the noise it started from: nothing is
+    promoted to float64 after the first step (which made the reference's CPU sampling ~8x slower)."""
+    seen: list[tuple[torch.dtype, torch.dtype]] = []
+
+    def flow(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        seen.append((x.dtype, t.dtype))
+        return x / t.clamp_min(1e-3).view(-1, 1)
+
+    out = heun_sample(flow, torch.randn(4, 2, dtype=dtype) * 80, EDMNoiseScheduler(), steps=6)
+    assert out.dtype == dtype
+    assert len(seen) == 11 and all(d == (dtype, dtype) for d in seen)
