@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import os
 import sys
 from pathlib import Path
@@ -27,3 +29,21 @@ def _isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
 @pytest.fixture
 def output_root() -> Path:
     return Path(os.environ["FASTGEN_OUTPUT_ROOT"])
+
+
+@pytest.fixture
+def fastgen_records(caplog: pytest.LogCaptureFixture):
+    """Records of the ``fastgen`` logger (DEBUG and up), also when an earlier test installed the CLI handler and
+    turned propagation off: caplog's handler is attached to the ``fastgen`` logger itself, and propagation is off
+    while the test runs so each record is captured once."""
+    logger = logging.getLogger("fastgen")
+    old_level, old_propagate = logger.level, logger.propagate
+    logger.addHandler(caplog.handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.setLevel(old_level)
+        logger.propagate = old_propagate

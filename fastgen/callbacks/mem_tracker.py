@@ -13,14 +13,16 @@ At the trainer's hooks it notes the phase that begins (``data`` at ``on_training
 ``data`` for the next accumulation round, or ``optimizer`` after the last one - the optimizer phase goes on
 through ``on_optimizer_step_begin``, the step and ``zero_grad``; ``callbacks`` at ``on_training_step_end``,
 which runs until the next step and includes validation and checkpoints). Phase boundaries fall where this
-callback runs in each hook, so put it first in ``trainer.callbacks`` (``fastgen profile-memory`` does) and the storages of the tensors whose role is known: the model's
-parameters and buffers, their gradients and the optimizer state (at the start, before the optimizer step and
-after it). ``fastgen.profiling.analysis`` uses those to put each block in a category.
+callback runs in each hook, so put it first in ``trainer.callbacks`` (``fastgen profile-memory`` does). It also
+notes the storages of the tensors whose role is known: the model's parameters and buffers, their gradients and
+the optimizer state (at the start, before the optimizer step and after it). ``fastgen.profiling.analysis`` uses those to put each block in a category.
 
 When the window closes, each rank saves its snapshot beside the report - ``<stem>_rank<r>.json.gz`` (format:
 ``fastgen.profiling.snapshot``) and, on CUDA, ``<stem>_rank<r>.pickle`` - and rank 0 renders the report
 (``<stem>.html``, default ``<run dir>/memory/memory_report.html``) with one tab per rank, after a barrier, from
 the snapshots found beside it (ranks on other hosts without a shared file system are listed as missing).
+
+Logged keys: none - it writes files (snapshot and report), and logs their paths.
 
 If training raises inside the window (an out-of-memory error included), ``on_app_end`` still stops the recording,
 marks the crash on the timeline and writes the snapshot and a report - every rank its own (rank 0:

@@ -25,22 +25,6 @@ from fastgen.trainer import Trainer
 from fastgen_testing import tiny_toy_config, free_port, join_ranks, shutdown_gloo
 
 
-@pytest.fixture
-def fastgen_records(caplog: pytest.LogCaptureFixture):
-    """Records of the ``fastgen`` logger, also when an earlier test installed the CLI handler (no propagation)."""
-    logger = logging.getLogger("fastgen")
-    old_level, old_propagate = logger.level, logger.propagate
-    logger.addHandler(caplog.handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False  # caplog's handler sits on the root logger too: one path, so each record counts once
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
-        logger.setLevel(old_level)
-        logger.propagate = old_propagate
-
-
 # ---- no GPU: a real training run ---------------------------------------------------------------------------------
 def test_without_gpu_logs_host_memory_and_says_so_once(fastgen_records: pytest.LogCaptureFixture) -> None:
     if torch.cuda.is_available():

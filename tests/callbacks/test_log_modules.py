@@ -3,7 +3,6 @@ a failing module does not stop training, and the seed's presets work verbatim (V
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
@@ -40,21 +39,6 @@ class Counter(LogModule):
 class Broken(LogModule):
     def process(self, entries: list[MediaEntry], iteration: int) -> None:
         raise RuntimeError("module bug")
-
-
-@pytest.fixture
-def fastgen_records(caplog: pytest.LogCaptureFixture):
-    logger = logging.getLogger("fastgen")
-    old_level, old_propagate = logger.level, logger.propagate
-    logger.addHandler(caplog.handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
-        logger.setLevel(old_level)
-        logger.propagate = old_propagate
 
 
 def test_module_results_are_logged_and_aggregated(fastgen_records) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import io
-import logging
 import threading
 from pathlib import Path
 
@@ -20,22 +19,6 @@ from fastgen.utils.errors import ConfigError
 from fastgen_testing import JudgeServer
 
 KEY = "sk-test-0123456789abcdef"
-
-
-@pytest.fixture
-def fastgen_records(caplog: pytest.LogCaptureFixture):
-    """Records of the ``fastgen`` logger, also when an earlier test installed the CLI handler (no propagation)."""
-    logger = logging.getLogger("fastgen")
-    old_level, old_propagate = logger.level, logger.propagate
-    logger.addHandler(caplog.handler)
-    logger.setLevel(logging.DEBUG)
-    logger.propagate = False
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
-        logger.setLevel(old_level)
-        logger.propagate = old_propagate
 
 
 def image_entry(seed: int = 0, caption: str | None = "a red square", size: int = 8) -> MediaEntry:
