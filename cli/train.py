@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from fastgen.cli.common import console, interactive, print_error, resolve_config, setup_logging
+from fastgen.cli.common import console, interactive, out, print_error, resolve_config, setup_logging
 
 EPILOG = """\b
 Examples:
@@ -109,7 +109,7 @@ def _evaluate(model, config, n: int, run_dir) -> None:  # noqa: ANN001 - a metho
         if label == "teacher":
             label = f"teacher ({2 * model.config.sample_steps - 1} evaluations)"
         table.add_row(label, *(f"{metrics[k]:.4f}" if isinstance(metrics[k], float) else str(metrics[k]) for k in keys))
-    console().print(table)
+    out().print(table)  # results go to stdout; progress and logs to stderr
     if is_rank0():
         record = {"num_samples": n, "dataset": dataset, "results": {label: metrics for label, metrics in results}}
         atomic_write_text(Path(run_dir) / "evaluation.json", json.dumps(record, indent=2) + "\n")
