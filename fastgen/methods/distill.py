@@ -158,13 +158,18 @@ class DistillationModel(FastGenModel):
             return [float(self.noise_scheduler.t_max)]
         return [float(t) for t in times]
 
+    def sample_noise(self, batch: int, like: torch.Tensor) -> torch.Tensor:
+        """``batch`` prior samples ``x_{t_max}`` in the model's dtype, on ``like``'s device (training stream)."""
+        shape = (batch, *self.config.input_shape)
+        return self.noise_scheduler.prior_sample(shape, device=like.device, dtype=self.precision)
+
     def generate(self, net: nn.Module, noise: torch.Tensor, condition: torch.Tensor | None,
                  times: list[float] | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """Few-step sampling from ``noise`` (= ``x_{t_max}``); gradients flow when called with grad enabled."""
         times = times or self.student_times()
         scheduler = self.noise_scheduler
         batch = noise.shape[0]
-        x = noise if times[0] >= scheduler.t_max else self._noise_to(noise, times[0])
+        x = self.start_state(noise, times[0])
         x0 = x
         for i, t in enumerate(times):
             t_vec = torch.full((batch,), t, device=x.device, dtype=x.dtype)
@@ -175,6 +180,10 @@ class DistillationModel(FastGenModel):
                                   dtype=x0.dtype).to(x0.device)
                 x = scheduler.add_noise(x0, eps, t_next)
         return x0
+
+    def start_state(self, noise: torch.Tensor, t0: float) -> torch.Tensor:
+        """The student's input at its first time ``t0``: the prior noise itself at ``t_max``, else rescaled."""
+        return noise if t0 >= self.noise_scheduler.t_max else self._noise_to(noise, t0)
 
     def _noise_to(self, noise: torch.Tensor, t: float) -> torch.Tensor:
         """Rescale prior noise at ``t_max`` to pure noise at time ``t`` (``sigma(t) eps``; the data part is 0)."""
@@ -190,10 +199,3 @@ class DistillationModel(FastGenModel):
             return super().generator_fn(net, noise, steps, condition, generator=generator)
         with torch.no_grad():
             return self.generate(net, noise, condition, generator=generator)
-
-    def sample_condition(self, data: dict[str, Any], batch: int, device: torch.device) -> torch.Tensor | None:
-        """Labels for generated samples: the batch's labels (so the label mix follows the data)."""
-        condition = self.condition_of(data)
-        if condition is None:
-            return None
-        return condition[:batch].to(device)

@@ -44,6 +44,9 @@ from torch import nn
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.distill import DistillationModel
 from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, probe_feature_shapes
+from fastgen.utils.logging import get_logger
+
+logger = get_logger(__name__)
 
 
 @contextlib.contextmanager
@@ -98,8 +101,8 @@ class DMD2Model(DistillationModel):
         super().init_weights()
         try:
             self.fake_score.load_state_dict(self.teacher.state_dict())
-        except RuntimeError:
-            pass  # a differently shaped fake score keeps its own initialisation
+        except RuntimeError:  # a differently shaped fake score keeps its own initialisation
+            logger.info("model.fake_score differs from the teacher's architecture: it starts from its own initialisation")
 
     def is_student_iteration(self, iteration: int) -> bool:
         return iteration % self.config.student_update_freq == 0
@@ -110,10 +113,6 @@ class DMD2Model(DistillationModel):
         return [name for name in ("fake_score", "discriminator") if name in self.optimizers]
 
     # ---- pieces -------------------------------------------------------------------------------------------------
-    def sample_noise(self, batch: int, like: torch.Tensor) -> torch.Tensor:
-        shape = (batch, *self.config.input_shape)
-        return self.noise_scheduler.prior_sample(shape, device=like.device, dtype=self.precision)
-
     def generate_for_training(self, noise: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
         """``G(z)`` with gradients through the last student evaluation only (backward simulation for k > 1)."""
         times = self.student_times()

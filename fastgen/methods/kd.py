@@ -65,9 +65,6 @@ class KDModel(DistillationModel):
     def teacher_steps(self) -> int:
         return int(self.config.kd_teacher_steps or self.config.sample_steps)
 
-    def start_state(self, noise: torch.Tensor, t0: float) -> torch.Tensor:
-        return noise if t0 >= self.noise_scheduler.t_max else self._noise_to(noise, t0)
-
     @torch.no_grad()
     def teacher_trajectory(self, noise: torch.Tensor, condition: torch.Tensor | None,
                            times: list[float] | None = None) -> torch.Tensor:
@@ -142,8 +139,7 @@ class KDModel(DistillationModel):
                                   f"{len(times)} steps; rebuild the cache for this t_list")
         else:
             real = data["real"]
-            shape = (real.shape[0], *self.config.input_shape)
-            noise = self.noise_scheduler.prior_sample(shape, device=real.device, dtype=self.precision)
+            noise = self.sample_noise(real.shape[0], real)
             trajectory = self.teacher_trajectory(noise, condition, times)
         x = self.start_state(noise, times[0])
         losses = []

@@ -59,7 +59,7 @@ class LADDModel(DistillationModel):
         real = data["real"].to(self.precision)
         condition = self.condition_of(data)
         scheduler = self.noise_scheduler
-        noise = scheduler.prior_sample((real.shape[0], *self.config.input_shape), device=real.device, dtype=self.precision)
+        noise = self.sample_noise(real.shape[0], real)
         t = self.sample_noise_levels(real.shape[0], real.device, self.config.t_dist)
         if iteration % self.config.student_update_freq == 0:
             x = self.generate(self.net, noise, condition)
