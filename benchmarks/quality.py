@@ -1,7 +1,7 @@
 """Sample quality of every distillation method on digits, measured in one run.
 
 For each digits recipe it trains the recipe from scratch (``fastgen train --config Digits/config_<m>_digits``,
-wall time measured around the whole command, single process), then scores 1,000 samples of the student with
+wall time measured around the whole command, single process), then scores 5,000 samples of the student with
 ``fastgen.evaluation`` (Frechet distance in the shipped digits classifier's feature space, and that classifier's
 accuracy on the conditioning labels) and counts the student's network evaluations per sample. The shipped
 teacher is scored once with 18 Heun steps (35 evaluations). Prints a markdown table; ``--readme`` also writes it
@@ -76,7 +76,7 @@ def train(method: str, root: Path, extra: list[str]) -> tuple[Path, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=METHODS)
-    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--samples", type=int, default=5000)
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     parser.add_argument("--json", default=None)
     parser.add_argument("--override", nargs="*", default=[], help="overrides applied to every recipe")

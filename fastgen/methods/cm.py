@@ -30,6 +30,7 @@ ratio used), ``unweighted_cm_loss`` (mean distance before the ``1/(t - r)`` weig
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -120,18 +121,30 @@ class CMModel(DistillationModel):
         return self.time_dist.sample(batch, device, low=low, high=high).to(self.precision)
 
     # ---- the step -----------------------------------------------------------------------------------------------
-    def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        x0 = data["real"].to(self.precision)
-        condition = self.condition_of(data)
-        t = self.sample_batch_times(x0.shape[0], x0.device)
+    def consistency_terms(self, x0: torch.Tensor, condition: torch.Tensor | None, t: torch.Tensor,
+                          replace_target: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(x_t, r, pred, distance)`` of the consistency loss at times ``t``: noise ``x0`` to ``x_t``, take the
+        earlier state ``x_r`` (teacher step or shared noise), its target ``f(x_r, r)`` without gradients, which
+        ``replace_target(target, x_t)`` may overwrite (TCM's stage-1 boundary targets), and the student's
+        ``pred = f(x_t, t)``; ``distance = d(pred - target)`` per sample."""
         r = self.r_of(t)
         eps = torch.randn_like(x0)
         x_t = self.noise_scheduler.add_noise(x0, eps, t)
         with torch.no_grad():
             x_r = self.earlier_state(x0, eps, x_t, t, r, condition)
             target = self.consistency_target(x_r, r, condition)
+            if replace_target is not None:
+                target = replace_target(target, x_t)
         pred = self.net(x_t, t, condition=condition, fwd_pred_type="x0")
         distance = consistency_distance(pred - target, self.config.distance, self.config.huber_c)
+        return x_t, r, pred, distance
+
+    def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        x0 = data["real"].to(self.precision)
+        condition = self.condition_of(data)
+        t = self.sample_batch_times(x0.shape[0], x0.device)
+        x_t, r, pred, distance = self.consistency_terms(x0, condition, t)
         loss = (self.weight(t, r) * distance).mean()
         loss_dict = {"total_loss": loss, **as_tensor_dict(
             {"cm_loss": loss, "unweighted_cm_loss": distance.mean(), "ct_ratio": self.ct_ratio}, loss)}

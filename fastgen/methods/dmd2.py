@@ -4,7 +4,8 @@
 
 Three trained networks: the student ``net`` (G), the fake score ``fake_score`` (a diffusion model of the
 student's own output distribution) and, with the GAN branch, ``discriminator`` (a head on the fake score's
-bottleneck features). The teacher is frozen. Iterations alternate (two-time-scale update rule, DMD2 Sec. 4.2):
+bottleneck features, or with ``discriminator_features="teacher"`` on the frozen teacher's, as the reference
+implementation does). The teacher is frozen. Iterations alternate (two-time-scale update rule, DMD2 Sec. 4.2):
 
 * **student iterations** (``iteration % student_update_freq == 0``; optimizer ``net`` only): draw
   ``x = G(z)`` (multi-step students: backward simulation - run the student's own sampler a random number of
@@ -14,9 +15,13 @@ bottleneck features). The teacher is frozen. Iterations alternate (two-time-scal
 
       grad = w (D_fake(x_t) - D_real(x_t)),   w = 1 / mean_{C,H,W} |x - D_real(x_t)|
 
-  applied through the surrogate ``L_VSD = 1/2 ||x - sg(x - grad)||^2`` whose gradient w.r.t. ``x`` is ``grad``.
+  applied through the surrogate ``L_VSD = 1/2 ||x - sg(x - grad)||^2`` whose gradient w.r.t. ``x`` is ``grad``
+  (averaged over ``vsd_num_noise`` independent draws of ``(t, eps)`` per sample; DMD uses one).
   With the GAN branch, the student also minimises the non-saturating loss ``softplus(-D(features(x_t)))``
-  (DMD2 Eq. 4) through the frozen fake score and discriminator.
+  (DMD2 Eq. 4) through the frozen feature network and discriminator. With ``regression_loss_weight > 0`` it also
+  regresses onto the teacher's own samples, ``L_reg = E ||G(z) - ODE(z)||^2`` over a fixed set of pairs
+  ``(z, ODE(z))`` solved once with the teacher's Heun sampler (DMD Eq. 9, with a squared error in place of LPIPS):
+  reverse-KL distribution matching is mode-seeking, and the pairs hold the student to all of the teacher's modes.
 * **critic iterations** (optimizers ``fake_score`` and ``discriminator``): the fake score learns the student's
   current distribution with the denoising loss of ``fastgen.methods.sft`` on ``sg(G(z))`` (DMD Eq. 6), and the
   discriminator learns ``softplus(D(fake)) + softplus(-D(real))`` on noised real and generated samples, plus
@@ -26,9 +31,9 @@ bottleneck features). The teacher is frozen. Iterations alternate (two-time-scal
 Only the optimizers of the trained modules step (``get_optimizers``) and only their schedulers advance, so
 learning-rate schedules count each module's own updates.
 
-Logged keys (``loss_dict``): ``total_loss``; student iterations: ``vsd_loss``, ``dmd_grad_norm`` and, with the
-GAN, ``gan_gen_loss``; critic iterations: ``fake_score_loss`` and, with the GAN, ``gan_disc_loss``,
-``d_real_logit``, ``d_fake_logit`` (and ``r1_loss``).
+Logged keys (``loss_dict``): ``total_loss``; student iterations: ``vsd_loss``, ``dmd_grad_norm``, with the
+GAN ``gan_gen_loss``, with the regression ``regression_loss``; critic iterations: ``fake_score_loss`` and, with
+the GAN, ``gan_disc_loss``, ``d_real_logit``, ``d_fake_logit`` (and ``r1_loss``).
 """
 
 from __future__ import annotations
@@ -69,16 +74,21 @@ class DMD2Model(DistillationModel):
         super().__init__(config)
         if config.student_update_freq < 1:
             raise ValueError("model.student_update_freq must be >= 1")
+        if config.vsd_num_noise < 1:
+            raise ValueError("model.vsd_num_noise must be >= 1")
         fake_cfg = config.fake_score if config.fake_score is not None else config.net
         self.fake_score: nn.Module = instantiate(fake_cfg).to(self.precision)
         self.use_gan = config.gan_loss_weight_gen > 0
         self.discriminator: nn.Module | None = None
         self.feature_indices: list[int] = []
         if self.use_gan:
-            self.feature_indices = list(config.feature_indices or default_feature_indices(self.fake_score))
-            shapes = probe_feature_shapes(self.fake_score, list(config.input_shape), self.feature_indices,
-                                          self.num_classes, t=1.0)
+            source = self.feature_network()
+            self.feature_indices = list(config.feature_indices or default_feature_indices(source))
+            shapes = probe_feature_shapes(source, list(config.input_shape), self.feature_indices, self.num_classes, t=1.0)
             self.discriminator = FeatureDiscriminator(shapes, hidden=config.discriminator_hidden).to(self.precision)
+        if config.regression_loss_weight > 0 and config.regression_num_pairs < 1:
+            raise ValueError("model.regression_num_pairs must be >= 1 when model.regression_loss_weight > 0")
+        self._pairs: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
 
     # ---- modules ------------------------------------------------------------------------------------------------
     @property
@@ -136,9 +146,41 @@ class DMD2Model(DistillationModel):
         """Per-sample multiplier of the distribution-matching gradient; DMD2 uses 1 (f-distill overrides)."""
         return torch.ones(x.shape[0], device=x.device, dtype=torch.float32)
 
+    @torch.no_grad()
+    def regression_pairs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``(noise, labels, teacher sample)`` for the regression loss, solved on first use and kept in memory.
+
+        The noise and the balanced labels come from a generator seeded with ``regression_seed`` and the teacher
+        samples them deterministically (Heun, ``sample_steps``), so every rank, and a resumed run, holds the same
+        pairs without storing them in checkpoints."""
+        if self._pairs is None or self._pairs[0].device != device:
+            n = self.config.regression_num_pairs
+            generator = torch.Generator().manual_seed(self.config.regression_seed)
+            noise = self.noise_scheduler.prior_sample((n, *self.config.input_shape), generator=generator)
+            noise = noise.to(device=device, dtype=self.precision)
+            labels = self.sample_labels(n, device)
+            logger.info("solving %d teacher samples for the regression loss (%s Heun steps)", n, self.config.sample_steps)
+            chunks = [super(DMD2Model, self).generator_fn(self.teacher, noise[i:i + 1024], None,
+                                                          None if labels is None else labels[i:i + 1024])
+                      for i in range(0, n, 1024)]
+            self._pairs = (noise, labels, torch.cat(chunks))
+        return self._pairs
+
+    def regression_loss(self, batch: int, device: torch.device) -> torch.Tensor:
+        """``mean ||G(z) - ODE(z)||^2`` over ``regression_batch_size`` (default ``batch``) random pairs."""
+        noise, labels, target = self.regression_pairs(device)
+        size = min(self.config.regression_batch_size or batch, noise.shape[0])
+        index = torch.randint(noise.shape[0], (size,), device=device)
+        x = self.generate(self.net, noise[index], None if labels is None else labels[index])
+        return F.mse_loss(x.float(), target[index].float())
+
+    def feature_network(self) -> nn.Module:
+        """The network whose features the discriminator head reads (``discriminator_features``)."""
+        return self.teacher if self.config.discriminator_features == "teacher" else self.fake_score
+
     def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
         assert self.discriminator is not None
-        _, features = self.fake_score(x_t, t, condition=condition, feature_indices=self.feature_indices)
+        _, features = self.feature_network()(x_t, t, condition=condition, feature_indices=self.feature_indices)
         return self.discriminator(features).float()
 
     # ---- the two kinds of iterations ---------------------------------------------------------------------------
@@ -153,14 +195,18 @@ class DMD2Model(DistillationModel):
     def student_step(self, real: torch.Tensor, condition: torch.Tensor | None,
                      noise: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         x = self.generate_for_training(noise, condition)
-        t = self.sample_vsd_t(x.shape[0], x.device)
-        x_t = self.noise_scheduler.add_noise(x.detach(), torch.randn_like(x), t)
+        draws = self.config.vsd_num_noise
+        x_rep = x.detach().repeat(draws, *([1] * (x.dim() - 1)))  # draw k of sample i at row k * B + i
+        cond_rep = None if condition is None else condition.repeat(draws, *([1] * (condition.dim() - 1)))
+        t = self.sample_vsd_t(x_rep.shape[0], x.device)
+        x_t = self.noise_scheduler.add_noise(x_rep, torch.randn_like(x_rep), t)
         with torch.no_grad():
-            d_real = self.teacher_x0(x_t, t, condition)
-            d_fake = self.fake_score(x_t, t, condition=condition, fwd_pred_type="x0")
-            normaliser = (x.detach() - d_real).abs().float().flatten(1).mean(dim=1).clamp_min(1e-6)
-            weight = self.vsd_weight(x.detach(), x_t, t, d_real, d_fake, condition) / normaliser
+            d_real = self.teacher_x0(x_t, t, cond_rep)
+            d_fake = self.fake_score(x_t, t, condition=cond_rep, fwd_pred_type="x0")
+            normaliser = (x_rep - d_real).abs().float().flatten(1).mean(dim=1).clamp_min(1e-6)
+            weight = self.vsd_weight(x_rep, x_t, t, d_real, d_fake, cond_rep) / normaliser
             grad = torch.nan_to_num((d_fake - d_real).float() * weight.view(-1, *([1] * (x.dim() - 1))))
+            grad = grad.view(draws, *x.shape).mean(dim=0)
         vsd = 0.5 * F.mse_loss(x.float(), (x.detach().float() - grad), reduction="mean")
         total = self.config.vsd_loss_weight * vsd
         loss_dict: dict[str, torch.Tensor] = {"vsd_loss": vsd.detach(), "dmd_grad_norm": grad.flatten(1).norm(dim=1).mean()}
@@ -172,6 +218,10 @@ class DMD2Model(DistillationModel):
                 gen = F.softplus(-self.discriminate(x_t_gan, t_gan, condition)).mean()
             total = total + self.config.gan_loss_weight_gen * gen
             loss_dict["gan_gen_loss"] = gen.detach()
+        if self.config.regression_loss_weight > 0:
+            regression = self.regression_loss(x.shape[0], x.device)
+            total = total + self.config.regression_loss_weight * regression
+            loss_dict["regression_loss"] = regression.detach()
         loss_dict["total_loss"] = total
         return loss_dict, {"generated": x.detach(), "x_t": x_t, "t": t}
 
@@ -183,7 +233,8 @@ class DMD2Model(DistillationModel):
         t = scheduler.sample_t(x.shape[0], device=x.device).to(self.precision)
         eps = torch.randn_like(x)
         x_t = scheduler.add_noise(x, eps, t)
-        if self.use_gan:
+        shared = self.use_gan and self.config.discriminator_features == "fake_score"
+        if shared:  # one pass gives the denoiser output and the head's features
             pred, features = self.fake_score(x_t, t, condition=condition, feature_indices=self.feature_indices)
         else:
             pred = self.fake_score(x_t, t, condition=condition)
@@ -193,7 +244,7 @@ class DMD2Model(DistillationModel):
         loss_dict: dict[str, torch.Tensor] = {"fake_score_loss": fake_loss.detach()}
         if self.use_gan:
             assert self.discriminator is not None
-            d_fake = self.discriminator(features).float()
+            d_fake = self.discriminator(features).float() if shared else self.discriminate(x_t, t, condition)
             real_t = scheduler.add_noise(real, torch.randn_like(real), t)
             r1_on = self.config.r1_weight > 0 and torch.is_grad_enabled()
             if r1_on:

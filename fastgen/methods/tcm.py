@@ -35,7 +35,7 @@ from torch import nn
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.cm import CMModel
-from fastgen.methods.cm_utils import as_tensor_dict, batch_mask, consistency_distance
+from fastgen.methods.cm_utils import as_tensor_dict, batch_mask
 from fastgen.methods.distill import load_teacher_state
 from fastgen.utils.errors import CheckpointError, ConfigError
 from fastgen.utils.logging import get_logger
@@ -130,16 +130,14 @@ class TCMModel(CMModel):
         boundary = torch.rand(batch, device=x0.device) < self.config.boundary_prob
         t = self.sample_batch_times(batch, x0.device)
         t = torch.where(boundary, torch.full_like(t, self.config.t_prime), t)
-        r = self.r_of(t)
-        eps = torch.randn_like(x0)
-        x_t = self.noise_scheduler.add_noise(x0, eps, t)
-        with torch.no_grad():
-            x_r = self.earlier_state(x0, eps, x_t, t, r, condition)
-            target = self.consistency_target(x_r, r, condition)
-            boundary_target = self.stage1_net(x_t, t, condition=condition, fwd_pred_type="x0")
-            target = torch.where(batch_mask(boundary, x_t), boundary_target, target)
-        pred = self.net(x_t, t, condition=condition, fwd_pred_type="x0")
-        distance = consistency_distance(pred - target, self.config.distance, self.config.huber_c)
+        stage1_net = self.stage1_net
+
+        def boundary_targets(target: torch.Tensor, x_t: torch.Tensor) -> torch.Tensor:
+            """At ``t'`` the target is the frozen stage-1 model's own output (TCM's boundary condition)."""
+            at_boundary = stage1_net(x_t, t, condition=condition, fwd_pred_type="x0")
+            return torch.where(batch_mask(boundary, x_t), at_boundary, target)
+
+        x_t, r, pred, distance = self.consistency_terms(x0, condition, t, replace_target=boundary_targets)
         weight = torch.where(boundary, torch.full_like(distance, self.config.boundary_weight), self.weight(t, r))
         loss = (weight * distance).mean()
         inner = ~boundary

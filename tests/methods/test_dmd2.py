@@ -109,6 +109,25 @@ def test_dmd_gradient_matches_the_formula() -> None:
     torch.testing.assert_close(grad_x, expected, rtol=1e-4, atol=1e-7)
 
 
+def test_dmd_gradient_averages_several_noisings_per_sample() -> None:
+    """``vsd_num_noise = k``: each sample's gradient is the mean of the formula over its k (t, eps) draws."""
+    model = build(toy_dmd2(vsd_num_noise=3))
+    perturb(model.fake_score)
+    x = torch.randn(4, 2, requires_grad=True)
+    model.generate_for_training = lambda noise, condition: x  # type: ignore[method-assign]
+    loss_dict, out = model.single_train_step({"real": torch.randn(4, 2)}, iteration=0)
+    (grad_x,) = torch.autograd.grad(loss_dict["total_loss"], x)
+    assert out["x_t"].shape == (12, 2)
+    with torch.no_grad():
+        d_real = model.teacher(out["x_t"], out["t"], fwd_pred_type="x0")
+        d_fake = model.fake_score(out["x_t"], out["t"], fwd_pred_type="x0")
+        w = 1.0 / (x.repeat(3, 1) - d_real).abs().mean(dim=1, keepdim=True)
+        expected = ((d_fake - d_real) * w).view(3, 4, 2).mean(dim=0) / x.numel()
+    torch.testing.assert_close(grad_x, expected, rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="vsd_num_noise"):
+        build(toy_dmd2(vsd_num_noise=0))
+
+
 def test_fake_score_equal_to_teacher_gives_zero_dmd_gradient() -> None:
     model = build(toy_dmd2())
     loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=0)
@@ -257,3 +276,66 @@ def test_ema_follows_only_the_student_updates() -> None:
     assert [it for it, _ in seen] == [1, 4, 7]  # completed-step counts after iterations 0, 3, 6
     assert [beta for _, beta in seen] == pytest.approx([(1 - 1 / t) ** (gamma + 1) for t in (1, 2, 3)])
     assert ema_callback.num_updates == 3
+
+
+def test_regression_loss_regresses_onto_the_teachers_own_samples() -> None:
+    """DMD Eq. 9: with the fake score equal to the teacher (zero DMD gradient), the student's only loss is
+    mean ||G(z) - ODE(z)||^2 over pairs the teacher solved with its Heun sampler; it trains only the student."""
+    model = build(toy_dmd2(regression_loss_weight=0.5, regression_num_pairs=12, regression_batch_size=5,
+                           sample_steps=4))
+    noise, labels, target = model.regression_pairs(torch.device("cpu"))
+    assert labels is None and noise.shape == target.shape == (12, 2)
+    torch.testing.assert_close(target, model.generator_fn(model.teacher, noise, steps=4))
+    again = build(toy_dmd2(regression_loss_weight=0.5, regression_num_pairs=12, sample_steps=4))
+    torch.testing.assert_close(again.regression_pairs(torch.device("cpu"))[2], target)  # seeded: same pairs
+
+    torch.manual_seed(1)
+    loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=0)
+    assert float(loss_dict["vsd_loss"]) == 0.0 and float(loss_dict["regression_loss"]) > 0
+    torch.manual_seed(1)  # replay the step's draws up to the pairs' index: data, noise, t, re-noising
+    torch.randn(16, 2)
+    model.sample_noise(16, torch.zeros(1))
+    model.sample_vsd_t(16, torch.device("cpu"))
+    torch.randn(16, 2)
+    index = torch.randint(12, (5,))
+    with torch.no_grad():
+        expected = ((model.net(noise[index], torch.full((5,), 80.0), fwd_pred_type="x0") - target[index]) ** 2).mean()
+    torch.testing.assert_close(loss_dict["regression_loss"], expected)
+    torch.testing.assert_close(loss_dict["total_loss"], 0.5 * expected)
+    loss_dict["total_loss"].backward()
+    assert grads(model.net) and not grads(model.fake_score) and not grads(model.teacher)
+
+
+def test_regression_pairs_are_class_balanced_for_conditional_models() -> None:
+    model = build(digits_dmd2(regression_loss_weight=1.0, regression_num_pairs=20, sample_steps=2))
+    noise, labels, target = model.regression_pairs(torch.device("cpu"))
+    assert labels is not None and labels.tolist() == [i % 10 for i in range(20)]
+    assert noise.shape == target.shape == (20, 1, 8, 8) and torch.isfinite(target).all()
+
+
+def test_regression_needs_pairs() -> None:
+    with pytest.raises(ValueError, match="regression_num_pairs"):
+        build(toy_dmd2(regression_loss_weight=1.0, regression_num_pairs=0))
+
+
+def test_discriminator_on_teacher_features_leaves_the_fake_score_to_denoising() -> None:
+    """``discriminator_features="teacher"``: the head reads the frozen teacher's features, so in a critic step the
+    fake score runs once, without features, and gets only the denoising loss's gradient."""
+    model = build(toy_dmd2(gan=True, discriminator_features="teacher"))
+    calls: dict[str, list[bool]] = {"teacher": [], "fake_score": []}
+    for name in calls:
+        getattr(model, name).register_forward_pre_hook(
+            lambda _m, _a, kwargs, name=name: calls[name].append(bool(kwargs.get("feature_indices"))), with_kwargs=True)
+    loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=1)
+    assert calls == {"teacher": [True, True], "fake_score": [False]}  # fake and real through the teacher
+    loss_dict["total_loss"].backward()
+    assert grads(model.fake_score) and grads(model.discriminator) and not grads(model.teacher)
+
+    calls["teacher"].clear()
+    perturb(model.fake_score)
+    for module in model.model_dict.values():
+        module.zero_grad(set_to_none=True)
+    loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=0)
+    loss_dict["total_loss"].backward()
+    assert True in calls["teacher"] and "gan_gen_loss" in loss_dict
+    assert grads(model.net) and not grads(model.discriminator) and not grads(model.teacher)

@@ -36,6 +36,10 @@ class DMD2ModelConfig(DistillModelConfig):
     # GAN branch (Sec. 4.3): a head on the fake score's features. 0 turns it off (no discriminator is built).
     gan_loss_weight_gen: float = 0.0
     gan_loss_weight_disc: float = 1.0
+    # Which network's features the discriminator head reads: "fake_score" (DMD2 Sec. 4.3: the head shares the fake
+    # score's backbone, which the GAN loss then also trains) or "teacher" (frozen features, as in LADD; the fake
+    # score then learns by denoising alone and only the head learns to discriminate).
+    discriminator_features: Literal["fake_score", "teacher"] = "fake_score"
     feature_indices: Optional[list[int]] = None  # None: the backbone's bottleneck
     discriminator_hidden: Optional[int] = None
     r1_weight: float = 0.0  # gamma of the R1 penalty gamma/2 E||grad_x D(x_t)||^2 on noised real data
@@ -44,8 +48,18 @@ class DMD2ModelConfig(DistillModelConfig):
     # of the schedule (DMD2's uniform timesteps; for EDM the Karras rho-grid, so high noise is well covered);
     # "train": the schedule's training distribution (EDM's log-normal, mostly low noise).
     vsd_t_dist: Literal["sampling", "train"] = "sampling"
+    # Noisings per generated sample for the distribution-matching gradient: the gradient averages this many
+    # (t, eps) draws, which lowers its variance for the cost of forward passes only (no extra backward).
+    vsd_num_noise: int = 1
     vsd_t_min: Optional[float] = None
     vsd_t_max: Optional[float] = None
+    # DMD's regression loss (Yin et al. 2024, DMD Eq. 9): > 0 also regresses G(z) onto the teacher's ODE sample of
+    # the same z, on `regression_num_pairs` pairs solved once (seeded by `regression_seed`, so a resumed run
+    # solves the same ones). It anchors the student to every mode of the teacher; 0 turns it off.
+    regression_loss_weight: float = 0.0
+    regression_num_pairs: int = 1024
+    regression_batch_size: Optional[int] = None  # None: the data batch size
+    regression_seed: int = 0
     # f-distill only (fastgen.methods.f_distill): the divergence whose gradient weights the VSD term.
     f_divergence: Literal["reverse_kl", "forward_kl", "js", "jeffreys", "squared_hellinger"] = "js"
     f_weight_clip: float = 10.0  # the normalised weights are clipped to [0, f_weight_clip]

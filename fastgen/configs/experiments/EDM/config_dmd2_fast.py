@@ -39,13 +39,11 @@ from __future__ import annotations
 
 import os
 
-from omegaconf import DictConfig
-
-from fastgen.configs.callbacks import EMA_CALLBACK, GradClip_CALLBACK, WANDB_CALLBACK
+from fastgen.configs.callbacks import EMA_CALLBACK
 from fastgen.configs.config import BaseConfig
 from fastgen.configs.data import cifar10_loader, data_root
+from fastgen.configs.experiments.EDM.common import cifar10_setting
 from fastgen.configs.methods.config_dmd2 import create_config as dmd2_config
-from fastgen.configs.net import edm_unet_cifar10
 
 
 def teacher_path() -> str:
@@ -54,13 +52,8 @@ def teacher_path() -> str:
 
 
 def create_config() -> BaseConfig:
-    config = dmd2_config()
-    config.model.net = edm_unet_cifar10(num_classes=10)
+    config = cifar10_setting(dmd2_config(), EMA_CALLBACK, sample_iter=5000)
     config.model.teacher_ckpt = teacher_path()
-    config.model.input_shape = [3, 32, 32]
-    config.model.num_classes = 10
-    config.model.use_ema = True
-    config.model.sample_steps = 18  # the teacher's Heun steps (35 evaluations), as EDM samples CIFAR-10
     config.model.guidance_scale = None
     config.model.student_update_freq = 5
     config.model.gan_loss_weight_gen = 3e-3
@@ -70,10 +63,4 @@ def create_config() -> BaseConfig:
     config.model.discriminator_optimizer.lr = 2e-6
     config.dataloader_train = cifar10_loader(split="train", batch_size=128)
     config.trainer.max_iter = 200_000
-    config.trainer.logging_iter = 100
-    config.trainer.save_ckpt_iter = 5000
-    config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **EMA_CALLBACK, **WANDB_CALLBACK})
-    config.trainer.callbacks.wandb.sample_iter = 5000
-    config.trainer.callbacks.wandb.num_samples = 100
-    config.log_config.group = "cifar10"
     return config

@@ -28,11 +28,10 @@ Train it and export its EMA network as the distillation teacher::
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
-from fastgen.configs.callbacks import EMA_HALFLIFE_CALLBACK, GradClip_CALLBACK, WANDB_CALLBACK
+from fastgen.configs.callbacks import EMA_HALFLIFE_CALLBACK
 from fastgen.configs.config import BaseConfig
 from fastgen.configs.data import cifar10_loader
+from fastgen.configs.experiments.EDM.common import cifar10_setting
 from fastgen.configs.instantiate import LazyCall
 from fastgen.configs.methods.config_sft import create_config as sft_config
 from fastgen.configs.net import edm_unet_cifar10
@@ -42,12 +41,8 @@ RAMPUP_STEPS = 10_000_000 // GLOBAL_BATCH  # EDM's lr ramp-up: 10 Mimg
 
 
 def create_config() -> BaseConfig:
-    config = sft_config()
-    config.model.net = edm_unet_cifar10(num_classes=10, dropout=0.13)
-    config.model.input_shape = [3, 32, 32]
-    config.model.num_classes = 10
-    config.model.use_ema = True
-    config.model.sample_steps = 18
+    config = cifar10_setting(sft_config(), EMA_HALFLIFE_CALLBACK, sample_iter=10_000,
+                             net=edm_unet_cifar10(num_classes=10, dropout=0.13))
     config.model.net_optimizer.lr = 1e-3
     # EDM scales the lr by min(images seen / 10 Mimg, 1); LinearLR from 1/RAMPUP_STEPS reproduces it per step.
     config.model.net_scheduler = LazyCall("torch.optim.lr_scheduler.LinearLR")(
@@ -57,11 +52,5 @@ def create_config() -> BaseConfig:
     config.dataloader_val = cifar10_loader(split="test", batch_size=128)
     config.trainer.batch_size_global = GLOBAL_BATCH
     config.trainer.max_iter = 200_000_000 // GLOBAL_BATCH
-    config.trainer.logging_iter = 100
-    config.trainer.save_ckpt_iter = 5000
     config.trainer.validation_iter = 5000
-    config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **EMA_HALFLIFE_CALLBACK, **WANDB_CALLBACK})
-    config.trainer.callbacks.wandb.sample_iter = 10_000
-    config.trainer.callbacks.wandb.num_samples = 100
-    config.log_config.group = "cifar10"
     return config
