@@ -3,9 +3,9 @@
 grid of digits that a classifier (standing in for a person) recognises, and prints the student's Frechet distance
 beside the 35-evaluation teacher's.
 
-The distillation issue's goal is FD(student) <= FD(teacher). It is NOT met yet: measured 1.52 vs 1.28 (README,
-"Quick start"). The bound below guards the measured level (run-to-run spread of the student's FD at 1,000
-iterations was 1.44-1.95 in the sweep) so that a regression fails; it is not the goal."""
+The distillation issue's goal is FD(student) <= FD(teacher). It is NOT met: at 5,000 samples the student scores
+0.97 against the teacher's 0.56 (README, "Quick start"). The bound below guards the measured level (two training
+seeds gave 0.97 and 1.09) so that a regression fails; it is not the goal."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_quickstart_distills_a_one_step_student_as_good_as_its_teacher(output_ro
     evaluation = json.loads((run_dir / "evaluation.json").read_text())
     student, teacher = evaluation["results"]["student"], evaluation["results"]["teacher"]
     assert evaluation["num_samples"] == 5000 and evaluation["teacher_scores_cached"] is True
-    assert student["fd_digits"] <= 2.0 * teacher["fd_digits"], evaluation
+    assert student["fd_digits"] <= 2.0 * teacher["fd_digits"], evaluation  # measured: 0.97 vs 0.56
     assert student["accuracy"] >= 0.9, evaluation
 
     samples = _tiles_from_grid(grid)
