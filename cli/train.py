@@ -95,33 +95,29 @@ def _evaluate(model, config, n: int, run_dir) -> None:  # noqa: ANN001 - a metho
                         "(use `fastgen sample` and `fastgen eval`)")
         return
     teacher = getattr(model, "teacher", None)
-    rows = [("student" if teacher is not None else "model", model.sampling_net(), None)]
-    if teacher is not None:
-        rows.append(("teacher", teacher, model.config.sample_steps))
     table = Table(title=f"evaluation on {n} samples ({dataset})")
-    results = []
+    results = []  # (key in evaluation.json, row label, metrics)
     cached = False
     with console().status("evaluating samples...") if interactive() else contextlib.nullcontext():
-        for label, net, steps in rows:
-            if label == "teacher":  # 35 evaluations per sample: scored once per teacher and cached beside it
-                metrics, cached = teacher_metrics(model, n, steps, dataset, seed=0)
-            else:
-                metrics = evaluate_model(model, n, seed=0, steps=steps, net=net, dataset=dataset)
-            results.append((label, metrics))
-    keys = [k for k in results[0][1] if k not in ("dataset", "num_samples")]
+        name = "student" if teacher is not None else "model"
+        results.append((name, name, evaluate_model(model, n, seed=0, net=model.sampling_net(), dataset=dataset)))
+        if teacher is not None:  # 35 evaluations per sample: scored once per teacher and cached beside it
+            steps = model.config.sample_steps
+            metrics, cached = teacher_metrics(model, n, steps, dataset, seed=0)
+            label = f"teacher ({2 * steps - 1} evaluations{', cached' if cached else ''})"
+            results.append(("teacher", label, metrics))
+    keys = [k for k in results[0][2] if k not in ("dataset", "num_samples")]
     table.add_column("network")
     for key in keys:
         table.add_column(key, justify="right")
-    for label, metrics in results:
-        if label == "teacher":
-            label = f"teacher ({2 * model.config.sample_steps - 1} evaluations{', cached' if cached else ''})"
+    for _, label, metrics in results:
         table.add_row(label, *(f"{metrics[k]:.4f}" if isinstance(metrics[k], float) else str(metrics[k]) for k in keys))
     out().print(table)  # results go to stdout; progress and logs to stderr
     if cached:
         out().print(f"teacher scores read from {cache_path(model.config.teacher_ckpt)}", soft_wrap=True)
     if is_rank0():
         record = {"num_samples": n, "dataset": dataset, "teacher_scores_cached": cached,
-                  "results": {label: metrics for label, metrics in results}}
+                  "results": {name: metrics for name, _, metrics in results}}
         atomic_write_text(Path(run_dir) / "evaluation.json", json.dumps(record, indent=2) + "\n")
 
 

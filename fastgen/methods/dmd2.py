@@ -49,6 +49,7 @@ from torch import nn
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.distill import DistillationModel
 from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, probe_feature_shapes
+from fastgen.utils.errors import ConfigError
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -73,9 +74,9 @@ class DMD2Model(DistillationModel):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         if config.student_update_freq < 1:
-            raise ValueError("model.student_update_freq must be >= 1")
+            raise ConfigError("model.student_update_freq must be >= 1")
         if config.vsd_num_noise < 1:
-            raise ValueError("model.vsd_num_noise must be >= 1")
+            raise ConfigError("model.vsd_num_noise must be >= 1")
         fake_cfg = config.fake_score if config.fake_score is not None else config.net
         self.fake_score: nn.Module = instantiate(fake_cfg).to(self.precision)
         self.use_gan = config.gan_loss_weight_gen > 0
@@ -87,7 +88,7 @@ class DMD2Model(DistillationModel):
             shapes = probe_feature_shapes(source, list(config.input_shape), self.feature_indices, self.num_classes, t=1.0)
             self.discriminator = FeatureDiscriminator(shapes, hidden=config.discriminator_hidden).to(self.precision)
         if config.regression_loss_weight > 0 and config.regression_num_pairs < 1:
-            raise ValueError("model.regression_num_pairs must be >= 1 when model.regression_loss_weight > 0")
+            raise ConfigError("model.regression_num_pairs must be >= 1 when model.regression_loss_weight > 0")
         self._pairs: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
 
     # ---- modules ------------------------------------------------------------------------------------------------
@@ -160,8 +161,7 @@ class DMD2Model(DistillationModel):
             noise = noise.to(device=device, dtype=self.precision)
             labels = self.sample_labels(n, device)
             logger.info("solving %d teacher samples for the regression loss (%s Heun steps)", n, self.config.sample_steps)
-            chunks = [super(DMD2Model, self).generator_fn(self.teacher, noise[i:i + 1024], None,
-                                                          None if labels is None else labels[i:i + 1024])
+            chunks = [self.generator_fn(self.teacher, noise[i:i + 1024], None, None if labels is None else labels[i:i + 1024])
                       for i in range(0, n, 1024)]
             self._pairs = (noise, labels, torch.cat(chunks))
         return self._pairs
