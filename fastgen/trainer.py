@@ -57,7 +57,7 @@ from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
 from fastgen.utils import distributed as dist_utils
 from fastgen.utils.checkpointer import FORMAT, Checkpointer, load_checkpoint
-from fastgen.utils.errors import CheckpointError, ConfigError, TrainingInterrupted
+from fastgen.utils.errors import CheckpointError, ConfigError, TrainingInterrupted, UsageError
 from fastgen.utils.logging import get_logger
 from fastgen.utils.rng import capture_rng_state, restore_rng_state, seed_everything
 
@@ -86,6 +86,7 @@ class Trainer:
         self.stepping: list[str] = []
         self.exception: BaseException | None = None
         self.last_checkpoint: Path | None = None
+        self._created_run_dir = False  # set on rank 0 by prepare_run_dir
         self.last_sample_path: Path | None = None
         self.dataloader_train: Any = None
         self.dataloader_val: Any = None
@@ -153,6 +154,7 @@ class Trainer:
             raise
         finally:
             cb.on_app_end()
+            self._discard_unused_run_dir()
 
     def prepare_run_dir(self) -> None:
         """Check the run directory is writable, then write the resolved ``config.yaml`` (secrets redacted)."""
@@ -162,10 +164,22 @@ class Trainer:
 
         load_credentials(self.config.credentials_dir)
         if dist_utils.is_rank0():
+            self._created_run_dir = not self.run_dir.exists()
             check_writable_dir(self.run_dir)
             check_writable_dir(self.checkpointer.save_dir)
             save_config_yaml(self.config, self.run_dir / "config.yaml")
         dist_utils.barrier()
+
+    def _discard_unused_run_dir(self) -> None:
+        """A run that stopped on bad input (a ``UsageError``, e.g. a config value the method rejects) before its
+        first iteration leaves no run directory behind, if this call created it: its config.yaml would describe a
+        run that never happened, and the corrected command would "resume" it."""
+        if not (self._created_run_dir and isinstance(self.exception, UsageError) and self.iteration == 0
+                and self.last_checkpoint is None):
+            return
+        import shutil
+
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     @contextlib.contextmanager
     def _stop_on_signals(self) -> Iterator[None]:

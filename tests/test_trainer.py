@@ -255,3 +255,42 @@ def test_non_finite_gradients_skip_the_step_then_stop_training() -> None:
     # Skipped steps left the weights untouched and finite.
     assert trainer.iteration == 4
     assert all(torch.isfinite(p).all() for p in before.values())
+
+
+class BadInputBeforeTraining(Callback):
+    """Raises a ``UsageError`` before the first iteration (a stand-in for a config value the data rejects)."""
+
+    def on_dataloader_init_start(self, *args: object, **kwargs: object) -> None:
+        raise UsageError("model.some_option must be >= 1")
+
+
+class BadInputAfterAStep(Callback):
+    def on_training_step_end(self, *args: object, **kwargs: object) -> None:
+        raise UsageError("model.some_option must be >= 1")
+
+
+def _failing_config(name: str, callback: type[Callback], max_iter: int = 2):
+    config = tiny_toy_config(name, max_iter=max_iter)
+    config.trainer.callbacks["fail"] = LazyCall(callback)()
+    return config
+
+
+def test_bad_input_before_the_first_iteration_leaves_no_run_directory() -> None:
+    trainer = Trainer(_failing_config("badinput", BadInputBeforeTraining))
+    with pytest.raises(UsageError, match="some_option"):
+        trainer.run()
+    assert not trainer.run_dir.exists()
+
+
+def test_bad_input_keeps_a_run_directory_it_did_not_create_or_that_trained() -> None:
+    first = Trainer(tiny_toy_config("badinput_resumed", max_iter=2))
+    first.run()
+    resumed = Trainer(_failing_config("badinput_resumed", BadInputBeforeTraining, max_iter=4))
+    with pytest.raises(UsageError):
+        resumed.run()
+    assert (first.run_dir / "config.yaml").is_file() and first.checkpointer.latest() is not None
+
+    trained = Trainer(_failing_config("badinput_late", BadInputAfterAStep))
+    with pytest.raises(UsageError):
+        trained.run()
+    assert trained.iteration == 1 and (trained.run_dir / "config.yaml").is_file()

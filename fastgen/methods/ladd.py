@@ -29,13 +29,14 @@ from torch import nn
 from fastgen.methods.dmd2 import frozen
 from fastgen.methods.distill import DistillationModel
 from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, probe_feature_shapes
+from fastgen.utils.errors import ConfigError
 
 
 class LADDModel(DistillationModel):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         if config.student_update_freq < 1:
-            raise ValueError("model.student_update_freq must be >= 1")
+            raise ConfigError("model.student_update_freq must be >= 1")
         self.feature_indices = list(config.feature_indices or default_feature_indices(self.teacher))
         shapes = probe_feature_shapes(self.teacher, list(config.input_shape), self.feature_indices, self.num_classes, t=1.0)
         self.discriminator: nn.Module = FeatureDiscriminator(shapes, hidden=config.discriminator_hidden).to(self.precision)

@@ -52,7 +52,7 @@ class MeanFlowModel(DistillationModel):
         if not 0.0 <= config.ratio_r_neq_t <= 1.0:
             raise ValueError(f"model.ratio_r_neq_t must be in [0, 1], got {config.ratio_r_neq_t}")
         if config.adaptive_p < 0 or config.adaptive_c <= 0:
-            raise ValueError("model.adaptive_p must be >= 0 and model.adaptive_c > 0")
+            raise ConfigError("model.adaptive_p must be >= 0 and model.adaptive_c > 0")
         super().__init__(config)
         if not isinstance(self.noise_scheduler, RectifiedFlowScheduler):
             raise ConfigError(f"MeanFlow needs a rectified-flow network (noise_scheduler=flow_schedule()), not "

@@ -54,6 +54,7 @@ from fastgen.methods.cm_utils import (
 from fastgen.methods.distill import DistillationModel
 from fastgen.networks.layers import FourierEmbedding
 from fastgen.networks.noise_schedules import TrigFlowScheduler, expand_like
+from fastgen.utils.errors import ConfigError
 
 
 class LogVarHead(nn.Module):
@@ -78,7 +79,7 @@ class SCMModel(DistillationModel):
         if config.mode not in ("ct", "cd"):
             raise ValueError(f"model.mode must be ct or cd, got {config.mode!r}")
         if config.tangent_warmup_iters < 0:
-            raise ValueError("model.tangent_warmup_iters must be >= 0")
+            raise ConfigError("model.tangent_warmup_iters must be >= 0")
         super().__init__(config)
         sigma_data = config.sigma_data or getattr(self.noise_scheduler, "sigma_data", 0.5)
         self.sigma_data = float(sigma_data)

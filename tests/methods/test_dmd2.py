@@ -17,6 +17,7 @@ from fastgen.configs.net import edm_unet_8x8, toy_mlp
 from fastgen.methods.dmd2 import DMD2Model, frozen
 from fastgen.methods.f_distill import f_divergence_weight
 from fastgen.trainer import Trainer
+from fastgen.utils.errors import ConfigError
 
 
 def toy_dmd2(gan: bool = False, **model: object) -> BaseConfig:
@@ -124,7 +125,7 @@ def test_dmd_gradient_averages_several_noisings_per_sample() -> None:
         w = 1.0 / (x.repeat(3, 1) - d_real).abs().mean(dim=1, keepdim=True)
         expected = ((d_fake - d_real) * w).view(3, 4, 2).mean(dim=0) / x.numel()
     torch.testing.assert_close(grad_x, expected, rtol=1e-4, atol=1e-7)
-    with pytest.raises(ValueError, match="vsd_num_noise"):
+    with pytest.raises(ConfigError, match="vsd_num_noise"):
         build(toy_dmd2(vsd_num_noise=0))
 
 
@@ -314,7 +315,7 @@ def test_regression_pairs_are_class_balanced_for_conditional_models() -> None:
 
 
 def test_regression_needs_pairs() -> None:
-    with pytest.raises(ValueError, match="regression_num_pairs"):
+    with pytest.raises(ConfigError, match="regression_num_pairs"):
         build(toy_dmd2(regression_loss_weight=1.0, regression_num_pairs=0))
 
 
