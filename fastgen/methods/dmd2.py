@@ -48,7 +48,7 @@ from torch import nn
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.distill import DistillationModel
-from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, probe_feature_shapes
+from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, frozen_features, probe_feature_shapes
 from fastgen.utils.errors import ConfigError
 from fastgen.utils.logging import get_logger
 
@@ -180,7 +180,10 @@ class DMD2Model(DistillationModel):
 
     def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
         assert self.discriminator is not None
-        _, features = self.feature_network()(x_t, t, condition=condition, feature_indices=self.feature_indices)
+        if self.config.discriminator_features == "teacher":
+            features = frozen_features(self.teacher, x_t, t, condition, self.feature_indices)
+        else:
+            _, features = self.fake_score(x_t, t, condition=condition, feature_indices=self.feature_indices)
         return self.discriminator(features).float()
 
     # ---- the two kinds of iterations ---------------------------------------------------------------------------
@@ -244,12 +247,16 @@ class DMD2Model(DistillationModel):
         loss_dict: dict[str, torch.Tensor] = {"fake_score_loss": fake_loss.detach()}
         if self.use_gan:
             assert self.discriminator is not None
-            d_fake = self.discriminator(features).float() if shared else self.discriminate(x_t, t, condition)
             real_t = scheduler.add_noise(real, torch.randn_like(real), t)
             r1_on = self.config.r1_weight > 0 and torch.is_grad_enabled()
             if r1_on:
                 real_t = real_t.detach().requires_grad_(True)
-            d_real = self.discriminate(real_t, t, condition)
+            if shared:
+                d_fake = self.discriminator(features).float()
+                d_real = self.discriminate(real_t, t, condition)
+            else:  # the frozen teacher reads fake and real samples in one batched pass
+                pair = None if condition is None else torch.cat([condition, condition])
+                d_fake, d_real = self.discriminate(torch.cat([x_t, real_t]), torch.cat([t, t]), pair).chunk(2)
             disc = F.softplus(d_fake).mean() + F.softplus(-d_real).mean()
             total = total + self.config.gan_loss_weight_disc * disc
             loss_dict.update(gan_disc_loss=disc.detach(), d_real_logit=d_real.detach().mean(),

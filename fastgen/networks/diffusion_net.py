@@ -5,12 +5,15 @@ fwd_pred_type=None)`` returns the schedule's native prediction (``x0`` for EDM, 
 the one named by ``fwd_pred_type``. The backbone sees ``F(c_in * x_t, c_noise, condition, r)`` and the output is
 ``c_skip * x_t + c_out * F`` (Karras et al. 2022, Eq. 7). ``r`` is a second time input for methods that need it
 (MeanFlow's interval start); ``feature_indices`` asks the backbone for intermediate features (discriminator
-heads); ``return_logvar`` returns the EDM2 per-time uncertainty ``u(sigma)`` (Karras et al. 2024, Eq. 21) when
+heads); ``features_only=True`` returns just that list of features, and a backbone whose ``forward`` accepts
+``features_only`` stops computing once it has them (a discriminator head on a U-Net's bottleneck never needs the
+decoder); ``return_logvar`` returns the EDM2 per-time uncertainty ``u(sigma)`` (Karras et al. 2024, Eq. 21) when
 the backbone provides one.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -24,6 +27,7 @@ class DiffusionNet(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.noise_scheduler = noise_scheduler
+        self._backbone_exits_early = "features_only" in inspect.signature(backbone.forward).parameters
 
     @property
     def native_pred_type(self) -> str:
@@ -38,12 +42,16 @@ class DiffusionNet(nn.Module):
         feature_indices: list[int] | None = None,
         return_logvar: bool = False,
         fwd_pred_type: str | None = None,
+        features_only: bool = False,
     ) -> Any:
+        if features_only and (feature_indices is None or return_logvar):
+            raise ValueError("features_only needs feature_indices and excludes return_logvar")
         if t.dim() == 0:
             t = t.expand(x_t.shape[0])
         t = t.to(x_t.dtype)
         c_skip, c_out, c_in, c_noise = self.noise_scheduler.precondition(t)
         c_noise_r = None if r is None else self.noise_scheduler.precondition(r.to(x_t.dtype))[3]
+        early = {"features_only": True} if features_only and self._backbone_exits_early else {}
         out = self.backbone(
             expand_like(c_in, x_t) * x_t,
             c_noise,
@@ -51,7 +59,12 @@ class DiffusionNet(nn.Module):
             r_noise=c_noise_r,
             feature_indices=feature_indices,
             return_logvar=return_logvar,
+            **early,
         )
+        if early:
+            return out
+        if features_only:
+            return out[1]
         features = logvar = None
         if isinstance(out, tuple):
             out, extras = out[0], out[1:]

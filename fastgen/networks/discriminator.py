@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fastgen.networks.diffusion_net import DiffusionNet
+
 
 def _groups(channels: int) -> int:
     for groups in (32, 16, 8, 4, 2, 1):
@@ -54,6 +56,16 @@ class FeatureDiscriminator(nn.Module):
         for head, feature in zip(self.heads[1:], features[1:]):
             logits = logits + head(feature)
         return logits
+
+
+def frozen_features(net: nn.Module, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,
+                    feature_indices: list[int]) -> list[torch.Tensor]:
+    """The features a head reads from a frozen network (LADD's teacher, DMD2's teacher features). A
+    ``DiffusionNet`` stops at the deepest requested feature (``features_only``), which for a bottleneck head skips
+    the decoder; any other network honouring the contract runs its full forward."""
+    if isinstance(net, DiffusionNet):
+        return net(x_t, t, condition=condition, feature_indices=feature_indices, features_only=True)
+    return net(x_t, t, condition=condition, feature_indices=feature_indices)[1]
 
 
 @torch.no_grad()

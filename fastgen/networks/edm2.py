@@ -384,7 +384,9 @@ class EDM2UNet(nn.Module):
         r_noise: torch.Tensor | None = None,
         feature_indices: list[int] | None = None,
         return_logvar: bool = False,
+        features_only: bool = False,
     ) -> Any:
+        wanted = len(feature_indices) if features_only and feature_indices is not None else -1
         emb = self.embedding(c_noise, condition, r_noise, x.dtype)
         h = torch.cat([x, torch.ones_like(x[:, :1])], dim=1)
         skips: list[torch.Tensor] = []
@@ -397,6 +399,8 @@ class EDM2UNet(nn.Module):
             last_of_level = i + 1 == len(entries) or self.enc_level[i + 1] != level
             if feature_indices is not None and last_of_level and level in feature_indices:
                 features.append(h)
+                if len(features) == wanted:
+                    return features
         bottleneck_done = False
         for name, block in self.dec.items():
             if "block" in name:
@@ -404,6 +408,8 @@ class EDM2UNet(nn.Module):
                     bottleneck_done = True
                     if feature_indices is not None and self.num_levels in feature_indices:
                         features.append(h)
+                    if features_only:
+                        return features
                 h = mp_cat(h, skips.pop(), t=self.concat_balance)
             h = block(h, emb)
         out = self.out_conv(h, gain=self.out_gain)

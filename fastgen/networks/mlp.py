@@ -30,9 +30,10 @@ class MLPDenoiser(nn.Module):
 
     def forward(self, x: torch.Tensor, c_noise: torch.Tensor, condition: torch.Tensor | None = None,
                 r_noise: torch.Tensor | None = None, feature_indices: list[int] | None = None,
-                return_logvar: bool = False) -> Any:
+                return_logvar: bool = False, features_only: bool = False) -> Any:
         if return_logvar:
             raise ValueError("MLPDenoiser does not predict a log-variance")
+        wanted = len(feature_indices) if features_only and feature_indices is not None else -1
         emb = self.embed(c_noise, condition, r_noise)
         h = nn.functional.silu(self.inp(torch.cat([x, emb.to(x.dtype)], dim=1)))
         features = []
@@ -40,5 +41,9 @@ class MLPDenoiser(nn.Module):
             h = h + nn.functional.silu(layer(h))
             if feature_indices is not None and i in feature_indices:
                 features.append(h)
+                if len(features) == wanted:
+                    return features
+        if features_only:
+            return features
         out = self.out(h)
         return (out, features) if feature_indices is not None else out

@@ -6,7 +6,8 @@ Sec. 3 "AdaGN": ``h = GroupNorm(h) * (1 + s) + b``), optional self-attention at 
 ``attn_resolutions``, and the output convolution starts at zero so the untrained network returns ``c_skip x``.
 
 ``feature_indices`` returns the outputs of the listed encoder levels and the bottleneck (index
-``len(channel_mult)``), for discriminator heads.
+``len(channel_mult)``), for discriminator heads; with ``features_only`` the forward pass stops once the deepest
+requested feature is computed (a discriminator head never needs the decoder, which is over half the compute).
 """
 
 from __future__ import annotations
@@ -145,9 +146,11 @@ class UNet(nn.Module):
         r_noise: torch.Tensor | None = None,
         feature_indices: list[int] | None = None,
         return_logvar: bool = False,
+        features_only: bool = False,
     ) -> Any:
         if return_logvar:
             raise ValueError("UNet does not predict a log-variance; use an EDM2 backbone")
+        wanted = len(feature_indices) if features_only and feature_indices is not None else -1
         emb = self.embed(c_noise, condition, r_noise)
         h = self.conv_in(x)
         skips = [h]
@@ -158,10 +161,14 @@ class UNet(nn.Module):
                 skips.append(h)
             if feature_indices is not None and level in feature_indices:
                 features.append(h)
+                if len(features) == wanted:
+                    return features
         for block in self.mid:
             h = block(h, emb) if isinstance(block, ResBlock) else block(h)
         if feature_indices is not None and len(self.down) in feature_indices:
             features.append(h)
+        if features_only:
+            return features
         for units in self.up:
             for unit in units:
                 h = unit(torch.cat([h, skips.pop()], dim=1), emb) if isinstance(unit, Unit) else unit(h)

@@ -321,14 +321,17 @@ def test_regression_needs_pairs() -> None:
 
 def test_discriminator_on_teacher_features_leaves_the_fake_score_to_denoising() -> None:
     """``discriminator_features="teacher"``: the head reads the frozen teacher's features, so in a critic step the
-    fake score runs once, without features, and gets only the denoising loss's gradient."""
+    fake score runs once, without features, and gets only the denoising loss's gradient. The teacher reads the
+    fake and the real batch in one pass that stops at the features (``features_only``)."""
     model = build(toy_dmd2(gan=True, discriminator_features="teacher"))
-    calls: dict[str, list[bool]] = {"teacher": [], "fake_score": []}
+    calls: dict[str, list[tuple[bool, bool, int]]] = {"teacher": [], "fake_score": []}
     for name in calls:
         getattr(model, name).register_forward_pre_hook(
-            lambda _m, _a, kwargs, name=name: calls[name].append(bool(kwargs.get("feature_indices"))), with_kwargs=True)
+            lambda _m, args, kwargs, name=name: calls[name].append(
+                (bool(kwargs.get("feature_indices")), bool(kwargs.get("features_only")), args[0].shape[0])),
+            with_kwargs=True)
     loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=1)
-    assert calls == {"teacher": [True, True], "fake_score": [False]}  # fake and real through the teacher
+    assert calls == {"teacher": [(True, True, 32)], "fake_score": [(False, False, 16)]}
     loss_dict["total_loss"].backward()
     assert grads(model.fake_score) and grads(model.discriminator) and not grads(model.teacher)
 
@@ -338,5 +341,5 @@ def test_discriminator_on_teacher_features_leaves_the_fake_score_to_denoising() 
         module.zero_grad(set_to_none=True)
     loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=0)
     loss_dict["total_loss"].backward()
-    assert True in calls["teacher"] and "gan_gen_loss" in loss_dict
+    assert (True, True, 16) in calls["teacher"] and "gan_gen_loss" in loss_dict
     assert grads(model.net) and not grads(model.discriminator) and not grads(model.teacher)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from fastgen.networks.diffusion_net import DiffusionNet
+from fastgen.networks.edm2 import EDM2UNet
 from fastgen.networks.mlp import MLPDenoiser
 from fastgen.networks.noise_schedules import PRED_TYPES, EDMNoiseScheduler, RectifiedFlowScheduler
 from fastgen.networks.sampling import euler_sample, heun_sample
@@ -124,3 +126,50 @@ def test_heun_sampler_stays_in_the_models_dtype(dtype: torch.dtype) -> None:
     out = heun_sample(flow, torch.randn(4, 2, dtype=dtype) * 80, EDMNoiseScheduler(), steps=6)
     assert out.dtype == dtype
     assert len(seen) == 11 and all(d == (dtype, dtype) for d in seen)
+
+
+def _feature_case(kind: str) -> tuple[DiffusionNet, torch.Tensor, list[int], nn.Module]:
+    """A backbone of each kind, an input, feature indices and the module that only the decoder/output runs."""
+    torch.manual_seed(0)
+    if kind == "mlp":
+        backbone = MLPDenoiser(data_dim=2, hidden_dim=16, num_layers=3)
+        return DiffusionNet(backbone, EDMNoiseScheduler()), torch.randn(4, 2), [0, 1], backbone.out
+    if kind == "unet":
+        backbone = UNet(img_resolution=8, in_channels=1, model_channels=8, channel_mult=[1, 2], num_classes=0)
+        return DiffusionNet(backbone, EDMNoiseScheduler()), torch.randn(4, 1, 8, 8), [1, 0], backbone.conv_out
+    backbone = EDM2UNet(img_resolution=8, in_channels=1, model_channels=8, channel_mult=(1, 2), num_blocks=1,
+                        num_classes=0)
+    return DiffusionNet(backbone, EDMNoiseScheduler()), torch.randn(4, 1, 8, 8), [0, 2], backbone.out_conv
+
+
+@pytest.mark.parametrize("kind", ["mlp", "unet", "edm2"])
+def test_features_only_returns_the_same_features_without_running_the_decoder(kind: str) -> None:
+    net, x, indices, output_layer = _feature_case(kind)
+    t = torch.rand(x.shape[0]) + 0.5
+    _, full = net(x, t, feature_indices=indices)
+    ran: list[bool] = []
+    output_layer.register_forward_hook(lambda *_: ran.append(True))
+    early = net(x, t, feature_indices=indices, features_only=True)
+    assert not ran and len(early) == len(full) == len(indices)
+    for a, b in zip(early, full):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="features_only"):
+        net(x, t, features_only=True)
+
+
+def test_features_only_falls_back_to_the_full_forward_for_other_backbones() -> None:
+    """A backbone written to the older contract (no ``features_only`` argument) still serves feature heads."""
+
+    class OldBackbone(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x, c_noise, condition=None, r_noise=None, feature_indices=None, return_logvar=False):
+            h = self.lin(x)
+            return (h, [h * 2]) if feature_indices is not None else h
+
+    net = DiffusionNet(OldBackbone(), EDMNoiseScheduler())
+    x, t = torch.randn(3, 2), torch.ones(3)
+    (feature,) = net(x, t, feature_indices=[0], features_only=True)
+    torch.testing.assert_close(feature, net(x, t, feature_indices=[0])[1][0])
