@@ -23,7 +23,8 @@ implementation does). The teacher is frozen. Iterations alternate (two-time-scal
   ``(z, ODE(z))`` solved once with the teacher's Heun sampler (DMD Eq. 9, with a squared error in place of LPIPS):
   reverse-KL distribution matching is mode-seeking, and the pairs hold the student to all of the teacher's modes.
 * **critic iterations** (optimizers ``fake_score`` and ``discriminator``): the fake score learns the student's
-  current distribution with the denoising loss of ``fastgen.methods.sft`` on ``sg(G(z))`` (DMD Eq. 6), and the
+  current distribution with the denoising loss of ``fastgen.methods.sft`` on ``sg(G(z))`` (DMD Eq. 6; weighted
+  over noise levels by the schedule, or uniformly with ``fake_score_loss_weighting="uniform"``), and the
   discriminator learns ``softplus(D(fake)) + softplus(-D(real))`` on noised real and generated samples, plus
   the R1 penalty ``gamma/2 E ||grad_x D(x_real_t)||^2`` on noised real data (Mescheder et al. 2018, Eq. 9) when
   ``r1_weight > 0``.
@@ -48,7 +49,7 @@ from torch import nn
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.distill import DistillationModel
-from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, frozen_features, probe_feature_shapes
+from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, head_features, probe_feature_shapes
 from fastgen.utils.errors import ConfigError
 from fastgen.utils.logging import get_logger
 
@@ -180,10 +181,7 @@ class DMD2Model(DistillationModel):
 
     def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
         assert self.discriminator is not None
-        if self.config.discriminator_features == "teacher":
-            features = frozen_features(self.teacher, x_t, t, condition, self.feature_indices)
-        else:
-            _, features = self.fake_score(x_t, t, condition=condition, feature_indices=self.feature_indices)
+        features = head_features(self.feature_network(), x_t, t, condition, self.feature_indices)
         return self.discriminator(features).float()
 
     # ---- the two kinds of iterations ---------------------------------------------------------------------------
@@ -242,7 +240,9 @@ class DMD2Model(DistillationModel):
         else:
             pred = self.fake_score(x_t, t, condition=condition)
         per_sample = (pred.float() - scheduler.target(x, eps, t).float()).square().flatten(1).mean(dim=1)
-        fake_loss = (scheduler.loss_weight(t.float()) * per_sample).mean()
+        if self.config.fake_score_loss_weighting == "schedule":
+            per_sample = scheduler.loss_weight(t.float()) * per_sample
+        fake_loss = per_sample.mean()
         total = fake_loss
         loss_dict: dict[str, torch.Tensor] = {"fake_score_loss": fake_loss.detach()}
         if self.use_gan:

@@ -28,7 +28,7 @@ from torch import nn
 
 from fastgen.methods.dmd2 import frozen
 from fastgen.methods.distill import DistillationModel
-from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, frozen_features, probe_feature_shapes
+from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, head_features, probe_feature_shapes
 from fastgen.utils.errors import ConfigError
 
 
@@ -53,7 +53,7 @@ class LADDModel(DistillationModel):
         return ["net"] if iteration % self.config.student_update_freq == 0 else ["discriminator"]
 
     def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
-        features = frozen_features(self.teacher, x_t, t, condition, self.feature_indices)
+        features = head_features(self.teacher, x_t, t, condition, self.feature_indices)
         return self.discriminator(features).float()
 
     def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -58,11 +58,11 @@ class FeatureDiscriminator(nn.Module):
         return logits
 
 
-def frozen_features(net: nn.Module, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,
-                    feature_indices: list[int]) -> list[torch.Tensor]:
-    """The features a head reads from a frozen network (LADD's teacher, DMD2's teacher features). A
-    ``DiffusionNet`` stops at the deepest requested feature (``features_only``), which for a bottleneck head skips
-    the decoder; any other network honouring the contract runs its full forward."""
+def head_features(net: nn.Module, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,
+                  feature_indices: list[int]) -> list[torch.Tensor]:
+    """The features a head reads from ``net`` (gradients flow as in a full forward). A ``DiffusionNet`` stops at
+    the deepest requested feature (``features_only``), so a bottleneck head never runs the decoder; any other
+    network honouring the contract runs its full forward."""
     if isinstance(net, DiffusionNet):
         return net(x_t, t, condition=condition, feature_indices=feature_indices, features_only=True)
     return net(x_t, t, condition=condition, feature_indices=feature_indices)[1]

@@ -93,6 +93,21 @@ def test_critic_iteration_trains_fake_score_and_discriminator_only(gan: bool) ->
         assert model.get_optimizers(1) == ["fake_score"]
 
 
+@pytest.mark.parametrize("weighting", ["schedule", "uniform"])
+def test_fake_score_loss_follows_its_weighting(weighting: str) -> None:
+    """The critic's denoising loss is the mean of ``w(t) ||D_fake(x_t, t) - x||^2 / d`` over the batch, with
+    ``w = lambda(sigma)`` of EDM (the schedule's weight) or ``w = 1`` ("uniform"), on the student's samples."""
+    model = build(toy_dmd2(fake_score_loss_weighting=weighting))
+    perturb(model.fake_score)
+    torch.manual_seed(5)
+    loss_dict, out = model.single_train_step({"real": torch.randn(16, 2)}, iteration=1)
+    with torch.no_grad():
+        x, t = out["generated"], out["t"]
+        per_sample = (model.fake_score(out["x_t"], t, fwd_pred_type="x0") - x).square().mean(dim=1)
+        weight = model.noise_scheduler.loss_weight(t) if weighting == "schedule" else torch.ones_like(t)
+    torch.testing.assert_close(loss_dict["fake_score_loss"], (weight * per_sample).mean())
+
+
 def test_dmd_gradient_matches_the_formula() -> None:
     """d L_VSD / d x = (D_fake - D_real) / mean|x - D_real| / numel (DMD Eq. 7-8 through the surrogate)."""
     model = build(toy_dmd2())
@@ -317,6 +332,20 @@ def test_regression_pairs_are_class_balanced_for_conditional_models() -> None:
 def test_regression_needs_pairs() -> None:
     with pytest.raises(ConfigError, match="regression_num_pairs"):
         build(toy_dmd2(regression_loss_weight=1.0, regression_num_pairs=0))
+
+
+def test_gan_on_fake_score_features_reads_real_samples_without_the_decoder() -> None:
+    """Default ``discriminator_features="fake_score"``: one full fake-score pass gives the denoiser output and the
+    fake samples' features; the real samples' features come from a pass that stops at the features."""
+    model = build(toy_dmd2(gan=True))
+    calls: list[tuple[bool, bool, int]] = []
+    model.fake_score.register_forward_pre_hook(
+        lambda _m, args, kwargs: calls.append((bool(kwargs.get("feature_indices")), bool(kwargs.get("features_only")),
+                                               args[0].shape[0])), with_kwargs=True)
+    loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=1)
+    assert calls == [(True, False, 16), (True, True, 16)]
+    loss_dict["total_loss"].backward()
+    assert grads(model.fake_score) and grads(model.discriminator) and not grads(model.teacher)
 
 
 def test_discriminator_on_teacher_features_leaves_the_fake_score_to_denoising() -> None:

@@ -42,6 +42,11 @@ class DMD2ModelConfig(DistillModelConfig):
     discriminator_features: Literal["fake_score", "teacher"] = "fake_score"
     feature_indices: Optional[list[int]] = None  # None: the backbone's bottleneck
     discriminator_hidden: Optional[int] = None
+    # Weighting of the fake score's denoising loss over noise levels: "schedule" (the schedule's own training
+    # weight, EDM's lambda(sigma) of Karras et al. 2022 Eq. 8, which evens the loss out over sigma) or "uniform"
+    # (plain squared error of the native prediction - for EDM, x0 - as the reference implementation trains its
+    # fake score; low noise levels then count for little, and the critic learns the student's coarse structure).
+    fake_score_loss_weighting: Literal["schedule", "uniform"] = "schedule"
     r1_weight: float = 0.0  # gamma of the R1 penalty gamma/2 E||grad_x D(x_t)||^2 on noised real data
     # Times at which the student's samples are noised for the distribution-matching gradient, clamped to
     # [vsd_t_min, vsd_t_max] (None: the schedule's own range). "sampling": uniform over a 1000-step sampling grid
