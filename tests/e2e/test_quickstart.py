@@ -4,8 +4,10 @@ grid of digits that a classifier (standing in for a person) recognises, and prin
 beside the 35-evaluation teacher's.
 
 The distillation issue's goal is FD(student) <= FD(teacher). It is NOT met: at 5,000 samples the student scores
-0.97 against the teacher's 0.56 (README, "Quick start"). The bound below guards the measured level (two training
-seeds gave 0.97 and 1.09) so that a regression fails; it is not the goal."""
+0.97 against the teacher's 0.56 (README, "Quick start"). The bound below guards the measured level so that a
+regression fails; it is not the goal. Training is deterministic on a given machine (this run gives 0.967 here);
+the recipe's EMA student swings between 0.97 and 1.73 from checkpoint to checkpoint (README), so a CPU whose
+arithmetic takes a different path may land elsewhere in that range."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def _digits_classifier():
 
 
 @pytest.mark.slow
-def test_quickstart_distills_a_one_step_student_as_good_as_its_teacher(output_root: Path, tmp_path: Path) -> None:
+def test_quickstart_distills_a_one_step_student_and_scores_it_beside_its_teacher(output_root: Path, tmp_path: Path) -> None:
     result = run_cli("train", cwd=tmp_path, env={"WANDB_MODE": "offline"}, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = output_root / "fastgen" / "digits" / "config_dmd2_digits"
