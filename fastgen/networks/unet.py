@@ -7,7 +7,7 @@ Sec. 3 "AdaGN": ``h = GroupNorm(h) * (1 + s) + b``), optional self-attention at 
 
 ``feature_indices`` returns the outputs of the listed encoder levels and the bottleneck (index
 ``len(channel_mult)``), for discriminator heads; with ``features_only`` the forward pass stops once the deepest
-requested feature is computed (a discriminator head never needs the decoder, which is over half the compute).
+requested feature is computed (a discriminator head never needs the decoder).
 """
 
 from __future__ import annotations
