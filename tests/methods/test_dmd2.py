@@ -372,3 +372,23 @@ def test_discriminator_on_teacher_features_leaves_the_fake_score_to_denoising() 
     loss_dict["total_loss"].backward()
     assert (True, True, 16) in calls["teacher"] and "gan_gen_loss" in loss_dict
     assert grads(model.net) and not grads(model.discriminator) and not grads(model.teacher)
+
+
+def test_long_digits_recipe_decays_every_learning_rate_to_a_tenth_by_its_last_iteration() -> None:
+    """``Digits/config_dmd2_digits_long``: each module's scheduler spans exactly the updates that module gets in
+    ``max_iter`` iterations, so every learning rate reaches 0.1x on the run's last iteration, not before or after."""
+    from fastgen.configs.config_utils import load_config, validate_config
+
+    config = validate_config(load_config("Digits/config_dmd2_digits_long"))
+    assert config.trainer.max_iter == 4000 and config.trainer.callbacks.ema.beta == 0.98
+    model = build(config)
+    start = {name: opt.param_groups[0]["lr"] for name, opt in model.optimizers.items()}
+    history: dict[str, list[float]] = {name: [] for name in model.optimizers}
+    for iteration in range(config.trainer.max_iter):
+        for name in model.get_optimizers(iteration):
+            model.optimizers[name].step()  # no gradients: a no-op that keeps the scheduler-order check quiet
+            model.schedulers[name].step()
+            history[name].append(model.optimizers[name].param_groups[0]["lr"])
+    for name, lrs in history.items():
+        assert lrs[-1] == pytest.approx(0.1 * start[name]), name
+        assert lrs[-2] > 0.1 * start[name] * (1 + 1e-6), name  # still decaying one update before the end
