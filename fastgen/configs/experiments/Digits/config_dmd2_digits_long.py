@@ -5,11 +5,12 @@ longer run does not improve (its EMA student swings between FD 1.0 and 1.9). Her
 fake score, discriminator) decays linearly to a tenth over the run, and the EMA is longer (beta 0.98 per student
 update), so the student keeps improving to the end. The GAN term is ten times stronger (0.3) with an R1 penalty
 on the discriminator (gamma 1; Mescheder et al. 2018, Eq. 9), which keeps that weight stable (without R1 it
-diverges); in a tuning run it scored 0.70 / 0.71 at 3,500 / 4,000 iterations against 0.88 / 0.73 without. The schedulers count the updates of their own module: the
-student is stepped in one iteration of every ``student_update_freq``, the fake score and the discriminator in the
-others. Change ``trainer.max_iter`` in this file, not on the command line, or the decay will not end with the run.
+diverges); in a tuning run it scored 0.70 / 0.71 at 3,500 / 4,000 iterations against 0.88 / 0.73 without.
+The schedulers count the updates of their own module: the student is stepped in one iteration of every
+``student_update_freq``, the fake score and the discriminator in the others. Change ``trainer.max_iter`` in this
+file, not on the command line, or the decay will not end with the run.
 
-    fastgen train --config Digits/config_dmd2_digits_long     # ~6 minutes on 2 CPU cores (README, "Quick start")
+    fastgen train --config Digits/config_dmd2_digits_long     # 9 minutes on 2 CPU cores (README, "Quick start")
 """
 
 from __future__ import annotations
