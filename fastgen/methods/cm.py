@@ -43,15 +43,16 @@ from fastgen.methods.cm_utils import (
     time_distribution,
 )
 from fastgen.methods.distill import DistillationModel
+from fastgen.utils.errors import ConfigError
 from fastgen.networks.noise_schedules import expand_like
 
 
 class CMModel(DistillationModel):
     def __init__(self, config: Any) -> None:
         if config.mode not in ("ct", "cd"):
-            raise ValueError(f"model.mode must be ct or cd, got {config.mode!r}")
+            raise ConfigError(f"model.mode must be ct or cd, got {config.mode!r}")
         if not 0.0 <= config.ct_ratio < 1.0:
-            raise ValueError(f"model.ct_ratio must be in [0, 1), got {config.ct_ratio}")
+            raise ConfigError(f"model.ct_ratio must be in [0, 1), got {config.ct_ratio}")
         super().__init__(config)
         # Set by CTScheduleCallback before every step (plain attributes, not state: the callback recomputes them).
         self.ct_ratio: float = float(config.ct_ratio)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from fastgen.methods.dmd2 import DMD2Model
+from fastgen.utils.errors import ConfigError
 
 
 def f_divergence_weight(log_ratio: torch.Tensor, divergence: str) -> torch.Tensor:
@@ -51,7 +52,7 @@ class FDistillModel(DMD2Model):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         if not self.use_gan:
-            raise ValueError("f-distill estimates density ratios with the GAN discriminator: set model.gan_loss_weight_gen > 0")
+            raise ConfigError("f-distill estimates density ratios with the GAN discriminator: set model.gan_loss_weight_gen > 0")
         f_divergence_weight(torch.zeros(1), config.f_divergence)  # fail at build time on an unknown name
         self._last_weight_max = torch.zeros(())
 

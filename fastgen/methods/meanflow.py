@@ -48,9 +48,9 @@ from fastgen.utils.errors import ConfigError
 class MeanFlowModel(DistillationModel):
     def __init__(self, config: Any) -> None:
         if config.mode not in ("data", "distill"):
-            raise ValueError(f"model.mode must be data or distill, got {config.mode!r}")
+            raise ConfigError(f"model.mode must be data or distill, got {config.mode!r}")
         if not 0.0 <= config.ratio_r_neq_t <= 1.0:
-            raise ValueError(f"model.ratio_r_neq_t must be in [0, 1], got {config.ratio_r_neq_t}")
+            raise ConfigError(f"model.ratio_r_neq_t must be in [0, 1], got {config.ratio_r_neq_t}")
         if config.adaptive_p < 0 or config.adaptive_c <= 0:
             raise ConfigError("model.adaptive_p must be >= 0 and model.adaptive_c > 0")
         super().__init__(config)

@@ -77,7 +77,7 @@ class LogVarHead(nn.Module):
 class SCMModel(DistillationModel):
     def __init__(self, config: Any) -> None:
         if config.mode not in ("ct", "cd"):
-            raise ValueError(f"model.mode must be ct or cd, got {config.mode!r}")
+            raise ConfigError(f"model.mode must be ct or cd, got {config.mode!r}")
         if config.tangent_warmup_iters < 0:
             raise ConfigError("model.tangent_warmup_iters must be >= 0")
         super().__init__(config)

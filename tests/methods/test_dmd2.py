@@ -248,7 +248,7 @@ def test_f_distill_needs_the_discriminator_and_weights_the_gradient() -> None:
     loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=0)
     assert float(loss_dict["f_weight_max"]) > 1.0  # non-uniform weights, normalised to mean 1
     config.model.gan_loss_weight_gen = 0.0
-    with pytest.raises(ValueError, match="gan_loss_weight_gen"):
+    with pytest.raises(ConfigError, match="gan_loss_weight_gen"):
         instantiate(config.model_class, config=config.model)
 
 
