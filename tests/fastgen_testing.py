@@ -170,12 +170,14 @@ def read_wandb_history(run_dir: Path, timeout: float = 30.0) -> list[dict[str, A
     Parses the run's ``.wandb`` transaction log: a 7-byte header (``:W&B``, magic, version), then LevelDB-log
     framing (32 KiB blocks; records of ``crc32 u32, length u16, type u8`` + payload, split FIRST/MIDDLE/LAST
     across blocks) around ``wandb_internal_pb2.Record`` protobufs. The installed wandb has no reader of its own
-    (``wandb.sdk.internal.datastore`` is gone). Waits, bounded, for the run's exit record.
+    (``wandb.sdk.internal.datastore`` is gone). Waits, bounded, for the run's exit record. The service may still
+    be flushing after ``finish()`` returns, so a record caught half-written is read again on the next pass.
     """
     import json
     import struct
     import time
 
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2
 
     runs = sorted(Path(run_dir, "wandb").glob("offline-run-*/run-*.wandb"))
@@ -190,6 +192,8 @@ def read_wandb_history(run_dir: Path, timeout: float = 30.0) -> list[dict[str, A
                 pos += block - pos % block
                 continue
             _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            if pos + 7 + length > len(data):
+                break  # the writer is mid-record: read again on the next pass
             chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
             if kind == 1:
                 records.append(chunk)
@@ -199,12 +203,20 @@ def read_wandb_history(run_dir: Path, timeout: float = 30.0) -> list[dict[str, A
                 pending += chunk
             elif kind == 4:
                 records.append(pending + chunk)
-        parsed = []
+        parsed, torn = [], None
         for raw in records:
             record = wandb_internal_pb2.Record()
-            record.ParseFromString(raw)
+            try:
+                record.ParseFromString(raw)
+            except DecodeError as error:  # a record caught half-written (wandb-core flushes after finish())
+                torn = error
+                break
             parsed.append(record)
-        if any(r.WhichOneof("record_type") == "exit" for r in parsed) or time.monotonic() > deadline:
+        if torn is None and any(r.WhichOneof("record_type") == "exit" for r in parsed):
+            break
+        if time.monotonic() > deadline:
+            if torn is not None:
+                raise torn
             break
         time.sleep(0.2)
     rows = []

@@ -164,3 +164,33 @@ def test_disabled_wandb_still_saves_local_samples() -> None:
     trainer.run()
     assert sorted(p.name for p in (trainer.run_dir / "samples").iterdir()) == ["iter_0000002.png", "iter_0000003.png"]
     assert not (trainer.run_dir / "wandb").exists()
+
+
+def test_history_reader_waits_out_a_record_caught_half_written(tmp_path: Path) -> None:
+    """The W&B service can still be flushing when ``finish()`` returns (a CI run once read a torn record): the
+    reader must re-read until the exit record is whole instead of failing on the partial bytes."""
+    import struct
+    import threading
+    import zlib
+
+    from wandb.proto import wandb_internal_pb2
+
+    def framed(record: Any) -> bytes:
+        payload = record.SerializeToString()
+        return struct.pack("<IHB", zlib.crc32(payload), len(payload), 1) + payload
+
+    history = wandb_internal_pb2.Record()
+    item = history.history.item.add()
+    item.key, item.value_json = "loss", "0.5"
+    exit_record = wandb_internal_pb2.Record()
+    exit_record.exit.exit_code = 0
+    whole = b":W&B\xe1\xbe\x00" + framed(history) + framed(exit_record)
+    log = tmp_path / "wandb" / "offline-run-1" / "run-1.wandb"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(whole[:7 + 7 + 5])  # the history record's header and 5 of its bytes: nothing after it yet
+    finisher = threading.Timer(0.5, log.write_bytes, args=(whole,))
+    finisher.start()
+    try:
+        assert read_wandb_history(tmp_path, timeout=10.0) == [{"loss": 0.5}]
+    finally:
+        finisher.join()
