@@ -60,6 +60,7 @@ from fastgen.utils.checkpointer import FORMAT, Checkpointer, load_checkpoint
 from fastgen.utils.errors import CheckpointError, ConfigError, TrainingInterrupted, UsageError
 from fastgen.utils.logging import get_logger
 from fastgen.utils.rng import capture_rng_state, restore_rng_state, seed_everything
+from fastgen.utils.schedules import warn_on_schedule_length_mismatches
 
 logger = get_logger(__name__)
 
@@ -136,6 +137,7 @@ class Trainer:
             cb.on_model_init_end(model)
             cb.on_optimizer_init_start(model)
             model.init_optimizers()
+            warn_on_schedule_length_mismatches(model, self.config.trainer.max_iter)
             cb.on_optimizer_init_end(model)
             cb.on_load_checkpoint_start(model)
             checkpoint_path, payload = self._load_checkpoint(model)

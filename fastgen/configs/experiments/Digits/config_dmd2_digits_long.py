@@ -7,8 +7,9 @@ update), so the student keeps improving to the end. The GAN term is ten times st
 on the discriminator (gamma 1; Mescheder et al. 2018, Eq. 9), which keeps that weight stable (without R1 it
 diverges); in a tuning run it scored 0.70 / 0.71 at 3,500 / 4,000 iterations against 0.88 / 0.73 without.
 The schedulers count the updates of their own module: the student is stepped in one iteration of every
-``student_update_freq``, the fake score and the discriminator in the others. Change ``trainer.max_iter`` in this
-file, not on the command line, or the decay will not end with the run.
+``student_update_freq``, the fake score and the discriminator in the others. Change ``MAX_ITER`` in this file,
+not ``trainer.max_iter`` on the command line, or the decay will not end with the run (the trainer then warns,
+naming each schedule's length and the updates the run gives its module).
 
     fastgen train --config Digits/config_dmd2_digits_long     # 9 minutes on 2 CPU cores (README, "Quick start")
 """

@@ -1,0 +1,58 @@
+"""The trainer's warning when a learning-rate schedule does not end with the run (``fastgen.utils.schedules``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastgen.configs.config_utils import load_config, validate_config
+from fastgen.configs.instantiate import LazyCall, instantiate
+from fastgen.trainer import Trainer
+from fastgen.utils.schedules import schedule_length_mismatches
+from fastgen_testing import tiny_toy_config
+
+
+def long_recipe_mismatches(max_iter: int) -> list[str]:
+    """``Digits/config_dmd2_digits_long`` with ``trainer.max_iter`` changed after the recipe was built, as
+    ``- trainer.max_iter=N`` on the command line does."""
+    config = validate_config(load_config("Digits/config_dmd2_digits_long"))
+    model = instantiate(config.model_class, config=config.model)
+    model.init_optimizers()
+    return schedule_length_mismatches(model.scheduler_dict, model.get_optimizers, max_iter)
+
+
+def test_the_long_recipe_as_shipped_ends_every_decay_with_the_run() -> None:
+    assert long_recipe_mismatches(4000) == []
+
+
+def test_a_longer_run_than_the_recipe_names_each_decay_that_finishes_early() -> None:
+    messages = long_recipe_mismatches(8000)
+    assert len(messages) == 3
+    assert any(m.startswith("net's") and "decays over 800 updates" in m and "gives net 1600" in m
+               and "the last 800 stay at the final learning rate" in m for m in messages)
+    assert any(m.startswith("fake_score's") and "decays over 3200 updates" in m and "gives fake_score 6400" in m
+               for m in messages)
+
+
+def test_a_shorter_run_than_the_recipe_ends_before_the_schedule() -> None:
+    messages = long_recipe_mismatches(2000)
+    assert len(messages) == 3 and all("the run ends before the schedule does" in m for m in messages)
+    assert any("runs over 800 updates" in m and "gives net 400" in m for m in messages)
+
+
+def test_a_warm_up_that_ends_early_is_intended_and_not_reported() -> None:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    warm_up = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, end_factor=1.0, total_iters=10)
+    assert schedule_length_mismatches({"net": warm_up}, lambda iteration: ["net"], 100) == []
+    assert len(schedule_length_mismatches({"net": warm_up}, lambda iteration: ["net"], 5)) == 1
+    step = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3)  # no fixed end: nothing to compare
+    assert schedule_length_mismatches({"net": step}, lambda iteration: ["net"], 100) == []
+
+
+def test_the_trainer_logs_the_mismatch_before_training(caplog: pytest.LogCaptureFixture) -> None:
+    config = tiny_toy_config("schedule_mismatch", max_iter=4)
+    config.model.net_scheduler = LazyCall("torch.optim.lr_scheduler.CosineAnnealingLR")(T_max=100)
+    with caplog.at_level("WARNING"):
+        Trainer(config).run()
+    assert "net's learning-rate schedule (CosineAnnealingLR) runs over 100 updates" in caplog.text
+    assert "trainer.max_iter=4 gives net 4" in caplog.text
