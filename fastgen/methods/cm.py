@@ -43,8 +43,8 @@ from fastgen.methods.cm_utils import (
     time_distribution,
 )
 from fastgen.methods.distill import DistillationModel
-from fastgen.utils.errors import ConfigError
 from fastgen.networks.noise_schedules import expand_like
+from fastgen.utils.errors import ConfigError
 
 
 class CMModel(DistillationModel):
