@@ -18,7 +18,9 @@ implementation does). The teacher is frozen. Iterations alternate (two-time-scal
   applied through the surrogate ``L_VSD = 1/2 ||x - sg(x - grad)||^2`` whose gradient w.r.t. ``x`` is ``grad``
   (averaged over ``vsd_num_noise`` independent draws of ``(t, eps)`` per sample; DMD uses one).
   With the GAN branch, the student also minimises the non-saturating loss ``softplus(-D(features(x_t)))``
-  (DMD2 Eq. 4) through the frozen feature network and discriminator. With ``regression_loss_weight > 0`` it also
+  (DMD2 Eq. 4) through the frozen feature network and discriminator. With ``discriminator_minibatch_std = G`` the
+  heads also read each group of G samples' feature spread (ProGAN's minibatch standard deviation), so the
+  discriminator can tell a too-uniform student from the data, which a per-sample head cannot. With ``regression_loss_weight > 0`` it also
   regresses onto the teacher's own samples, ``L_reg = E ||G(z) - ODE(z)||^2`` over a fixed set of pairs
   ``(z, ODE(z))`` solved once with the teacher's Heun sampler (DMD Eq. 9, with a squared error in place of LPIPS):
   reverse-KL distribution matching is mode-seeking, and the pairs hold the student to all of the teacher's modes.
@@ -49,7 +51,8 @@ from torch import nn
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.distill import DistillationModel
-from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, head_features, probe_feature_shapes
+from fastgen.networks.discriminator import (FeatureDiscriminator, default_feature_indices, group_size, head_features,
+                                            probe_feature_shapes)
 from fastgen.utils.errors import ConfigError
 from fastgen.utils.logging import get_logger
 
@@ -87,7 +90,8 @@ class DMD2Model(DistillationModel):
             source = self.feature_network()
             self.feature_indices = list(config.feature_indices or default_feature_indices(source))
             shapes = probe_feature_shapes(source, list(config.input_shape), self.feature_indices, self.num_classes, t=1.0)
-            self.discriminator = FeatureDiscriminator(shapes, hidden=config.discriminator_hidden).to(self.precision)
+            self.discriminator = FeatureDiscriminator(shapes, hidden=config.discriminator_hidden,
+                                                      minibatch_std_group=config.discriminator_minibatch_std).to(self.precision)
         if config.regression_loss_weight > 0 and config.regression_num_pairs < 1:
             raise ConfigError("model.regression_num_pairs must be >= 1 when model.regression_loss_weight > 0")
         self._pairs: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
@@ -179,10 +183,14 @@ class DMD2Model(DistillationModel):
         """The network whose features the discriminator head reads (``discriminator_features``)."""
         return self.teacher if self.config.discriminator_features == "teacher" else self.fake_score
 
-    def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
+    def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,
+                     parts: int = 1) -> torch.Tensor:
+        """Logits for ``x_t``; ``parts > 1`` says the batch is that many equal, separately judged parts (generated
+        then real), so minibatch-std groups stay inside one part."""
         assert self.discriminator is not None
         features = head_features(self.feature_network(), x_t, t, condition, self.feature_indices)
-        return self.discriminator(features).float()
+        group = group_size(x_t.shape[0] // parts, self.config.discriminator_minibatch_std) if parts > 1 else None
+        return self.discriminator(features, group).float()
 
     # ---- the two kinds of iterations ---------------------------------------------------------------------------
     def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -256,7 +264,7 @@ class DMD2Model(DistillationModel):
                 d_real = self.discriminate(real_t, t, condition)
             else:  # the frozen teacher reads fake and real samples in one batched pass
                 pair = None if condition is None else torch.cat([condition, condition])
-                d_fake, d_real = self.discriminate(torch.cat([x_t, real_t]), torch.cat([t, t]), pair).chunk(2)
+                d_fake, d_real = self.discriminate(torch.cat([x_t, real_t]), torch.cat([t, t]), pair, parts=2).chunk(2)
             disc = F.softplus(d_fake).mean() + F.softplus(-d_real).mean()
             total = total + self.config.gan_loss_weight_disc * disc
             loss_dict.update(gan_disc_loss=disc.detach(), d_real_logit=d_real.detach().mean(),

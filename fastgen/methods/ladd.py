@@ -39,7 +39,8 @@ class LADDModel(DistillationModel):
             raise ConfigError("model.student_update_freq must be >= 1")
         self.feature_indices = list(config.feature_indices or default_feature_indices(self.teacher))
         shapes = probe_feature_shapes(self.teacher, list(config.input_shape), self.feature_indices, self.num_classes, t=1.0)
-        self.discriminator: nn.Module = FeatureDiscriminator(shapes, hidden=config.discriminator_hidden).to(self.precision)
+        self.discriminator: nn.Module = FeatureDiscriminator(
+            shapes, hidden=config.discriminator_hidden, minibatch_std_group=config.discriminator_minibatch_std).to(self.precision)
 
     @property
     def model_dict(self) -> dict[str, nn.Module]:

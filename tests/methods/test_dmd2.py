@@ -252,12 +252,15 @@ def test_f_distill_needs_the_discriminator_and_weights_the_gradient() -> None:
         instantiate(config.model_class, config=config.model)
 
 
-def test_ladd_trains_heads_on_frozen_teacher_features() -> None:
+@pytest.mark.parametrize("minibatch_std", [0, 2])
+def test_ladd_trains_heads_on_frozen_teacher_features(minibatch_std: int) -> None:
     config = ladd_config()
     config.model.net = edm_unet_8x8(num_classes=10, model_channels=8, channel_mult=[1, 2])
     config.model.num_classes = 10
     config.model.distill_loss_weight = 0.5
+    config.model.discriminator_minibatch_std = minibatch_std
     model = build(config)
+    assert all(head.minibatch_std_group == minibatch_std for head in model.discriminator.heads)
     batch = {"real": torch.rand(4, 1, 8, 8) * 2 - 1, "condition": torch.tensor([0, 1, 2, 3])}
     loss_dict, _ = model.single_train_step(batch, iteration=0)
     loss_dict["total_loss"].backward()
@@ -392,3 +395,21 @@ def test_long_digits_recipe_decays_every_learning_rate_to_a_tenth_by_its_last_it
     for name, lrs in history.items():
         assert lrs[-1] == pytest.approx(0.1 * start[name]), name
         assert lrs[-2] > 0.1 * start[name] * (1 + 1e-6), name  # still decaying one update before the end
+
+
+@pytest.mark.parametrize("features", ["teacher", "fake_score"])
+def test_minibatch_std_groups_never_mix_generated_and_real_samples(features: str) -> None:
+    """With ``discriminator_minibatch_std`` the critic's logits for the generated half do not depend on the real
+    half, even where the teacher scores both in one batch (6 + 6 samples, groups of 4: a naive grouping of the
+    12 would straddle them)."""
+    model = build(toy_dmd2(gan=True, discriminator_features=features, discriminator_minibatch_std=4))
+    logits: list[torch.Tensor] = []
+    model.discriminator.register_forward_hook(lambda _m, _a, out: logits.append(out.detach()))
+    fake_halves = []
+    for shift in (0.0, 3.0):
+        logits.clear()
+        torch.manual_seed(1)
+        real = torch.randn(6, 2) + shift
+        model.single_train_step({"real": real}, iteration=1)
+        fake_halves.append(logits[0][:6])
+    assert torch.allclose(*fake_halves)
