@@ -20,10 +20,11 @@ implementation does). The teacher is frozen. Iterations alternate (two-time-scal
   With the GAN branch, the student also minimises the non-saturating loss ``softplus(-D(features(x_t)))``
   (DMD2 Eq. 4) through the frozen feature network and discriminator. With ``discriminator_minibatch_std = G`` the
   heads also read each group of G samples' feature spread (ProGAN's minibatch standard deviation), so the
-  discriminator can tell a too-uniform student from the data, which a per-sample head cannot. With ``regression_loss_weight > 0`` it also
-  regresses onto the teacher's own samples, ``L_reg = E ||G(z) - ODE(z)||^2`` over a fixed set of pairs
-  ``(z, ODE(z))`` solved once with the teacher's Heun sampler (DMD Eq. 9, with a squared error in place of LPIPS):
-  reverse-KL distribution matching is mode-seeking, and the pairs hold the student to all of the teacher's modes.
+  discriminator can tell a too-uniform student from the data, which a per-sample head cannot.
+  With ``regression_loss_weight > 0`` it also regresses onto the teacher's own samples,
+  ``L_reg = E ||G(z) - ODE(z)||^2`` over a fixed set of pairs ``(z, ODE(z))`` solved once with the teacher's Heun
+  sampler (DMD Eq. 9, with a squared error in place of LPIPS): reverse-KL distribution matching is mode-seeking,
+  and the pairs hold the student to all of the teacher's modes.
 * **critic iterations** (optimizers ``fake_score`` and ``discriminator``): the fake score learns the student's
   current distribution with the denoising loss of ``fastgen.methods.sft`` on ``sg(G(z))`` (DMD Eq. 6; weighted
   over noise levels by the schedule, or uniformly with ``fake_score_loss_weighting="uniform"``), and the
@@ -81,6 +82,8 @@ class DMD2Model(DistillationModel):
             raise ConfigError("model.student_update_freq must be >= 1")
         if config.vsd_num_noise < 1:
             raise ConfigError("model.vsd_num_noise must be >= 1")
+        if config.discriminator_minibatch_std < 0:
+            raise ConfigError("model.discriminator_minibatch_std must be >= 0 (0 or 1: off)")
         fake_cfg = config.fake_score if config.fake_score is not None else config.net
         self.fake_score: nn.Module = instantiate(fake_cfg).to(self.precision)
         self.use_gan = config.gan_loss_weight_gen > 0

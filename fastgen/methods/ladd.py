@@ -37,6 +37,8 @@ class LADDModel(DistillationModel):
         super().__init__(config)
         if config.student_update_freq < 1:
             raise ConfigError("model.student_update_freq must be >= 1")
+        if config.discriminator_minibatch_std < 0:
+            raise ConfigError("model.discriminator_minibatch_std must be >= 0 (0 or 1: off)")
         self.feature_indices = list(config.feature_indices or default_feature_indices(self.teacher))
         shapes = probe_feature_shapes(self.teacher, list(config.input_shape), self.feature_indices, self.num_classes, t=1.0)
         self.discriminator: nn.Module = FeatureDiscriminator(

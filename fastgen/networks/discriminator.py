@@ -84,7 +84,6 @@ class FeatureDiscriminator(nn.Module):
         super().__init__()
         if minibatch_std_group < 0:
             raise ValueError(f"minibatch_std_group must be >= 0, got {minibatch_std_group}")
-        self.minibatch_std_group = minibatch_std_group
         self.heads = nn.ModuleList(FeatureHead(int(shape[0]), spatial=len(shape) == 3, hidden=hidden,
                                                minibatch_std_group=minibatch_std_group) for shape in feature_shapes)
 

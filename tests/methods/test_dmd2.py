@@ -413,3 +413,14 @@ def test_minibatch_std_groups_never_mix_generated_and_real_samples(features: str
         model.single_train_step({"real": real}, iteration=1)
         fake_halves.append(logits[0][:6])
     assert torch.allclose(*fake_halves)
+
+
+@pytest.mark.parametrize("make", [lambda: toy_dmd2(gan=True), ladd_config])
+def test_a_negative_minibatch_std_group_is_a_config_error(make) -> None:
+    config = make()
+    if config.model.net is None:
+        config.model.net = toy_mlp(hidden_dim=32, num_layers=2)
+        config.model.input_shape = [2]
+    config.model.discriminator_minibatch_std = -1
+    with pytest.raises(ConfigError, match="model.discriminator_minibatch_std must be >= 0"):
+        build(config)
