@@ -19,8 +19,11 @@ implementation does). The teacher is frozen. Iterations alternate (two-time-scal
   (averaged over ``vsd_num_noise`` independent draws of ``(t, eps)`` per sample; DMD uses one).
   With the GAN branch, the student also minimises the non-saturating loss ``softplus(-D(features(x_t)))``
   (DMD2 Eq. 4) through the frozen feature network and discriminator. With ``discriminator_minibatch_std = G`` the
-  heads also read each group of G samples' feature spread (ProGAN's minibatch standard deviation), so the
-  discriminator can tell a too-uniform student from the data, which a per-sample head cannot.
+  heads also read the feature spread of each group of at most G samples (ProGAN's minibatch standard deviation),
+  so the discriminator can tell a too-uniform student from the data, which a per-sample head cannot. A group
+  holds samples of one condition, never generated and real ones together, and every noise level the
+  discriminator sees is drawn once per group (``fastgen.networks.discriminator.minibatch_groups``): otherwise
+  the spread mostly measures how far apart the group's noise levels and classes are.
   With ``regression_loss_weight > 0`` it also regresses onto the teacher's own samples,
   ``L_reg = E ||G(z) - ODE(z)||^2`` over a fixed set of pairs ``(z, ODE(z))`` solved once with the teacher's Heun
   sampler (DMD Eq. 9, with a squared error in place of LPIPS): reverse-KL distribution matching is mode-seeking,
@@ -52,8 +55,8 @@ from torch import nn
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.distill import DistillationModel
-from fastgen.networks.discriminator import (FeatureDiscriminator, default_feature_indices, group_size, head_features,
-                                            probe_feature_shapes)
+from fastgen.networks.discriminator import (FeatureDiscriminator, default_feature_indices, head_features,
+                                            minibatch_groups, per_group, probe_feature_shapes)
 from fastgen.utils.errors import ConfigError
 from fastgen.utils.logging import get_logger
 
@@ -186,14 +189,21 @@ class DMD2Model(DistillationModel):
         """The network whose features the discriminator head reads (``discriminator_features``)."""
         return self.teacher if self.config.discriminator_features == "teacher" else self.fake_score
 
+    def gan_groups(self, condition: torch.Tensor | None, batch: int, device: torch.device,
+                   parts: int = 1) -> torch.Tensor | None:
+        """Minibatch-std groups of a batch of ``parts`` equal parts (None when the option is off): never across
+        parts or conditions. Noise levels the discriminator sees are drawn once per group (``per_group``)."""
+        if not self.use_gan:
+            return None
+        return minibatch_groups(batch, self.config.discriminator_minibatch_std, condition, parts, device)
+
     def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,
                      parts: int = 1) -> torch.Tensor:
         """Logits for ``x_t``; ``parts > 1`` says the batch is that many equal, separately judged parts (generated
-        then real), so minibatch-std groups stay inside one part."""
+        then real, or ``vsd_num_noise`` draws), so minibatch-std groups stay inside one part."""
         assert self.discriminator is not None
         features = head_features(self.feature_network(), x_t, t, condition, self.feature_indices)
-        group = group_size(x_t.shape[0] // parts, self.config.discriminator_minibatch_std) if parts > 1 else None
-        return self.discriminator(features, group).float()
+        return self.discriminator(features, self.gan_groups(condition, x_t.shape[0], x_t.device, parts)).float()
 
     # ---- the two kinds of iterations ---------------------------------------------------------------------------
     def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -210,7 +220,8 @@ class DMD2Model(DistillationModel):
         draws = self.config.vsd_num_noise
         x_rep = x.detach().repeat(draws, *([1] * (x.dim() - 1)))  # draw k of sample i at row k * B + i
         cond_rep = None if condition is None else condition.repeat(draws, *([1] * (condition.dim() - 1)))
-        t = self.sample_vsd_t(x_rep.shape[0], x.device)
+        t = per_group(lambda n: self.sample_vsd_t(n, x.device), self.gan_groups(cond_rep, x_rep.shape[0], x.device, draws),
+                      x_rep.shape[0])  # per group: f-distill's weights read the discriminator at these levels
         x_t = self.noise_scheduler.add_noise(x_rep, torch.randn_like(x_rep), t)
         with torch.no_grad():
             d_real = self.teacher_x0(x_t, t, cond_rep)
@@ -224,7 +235,8 @@ class DMD2Model(DistillationModel):
         loss_dict: dict[str, torch.Tensor] = {"vsd_loss": vsd.detach(), "dmd_grad_norm": grad.flatten(1).norm(dim=1).mean()}
         if self.use_gan:
             # The generator's GAN term sees x noised afresh, with gradients through the frozen critic into x.
-            t_gan = self.sample_vsd_t(x.shape[0], x.device)
+            t_gan = per_group(lambda n: self.sample_vsd_t(n, x.device), self.gan_groups(condition, x.shape[0], x.device),
+                              x.shape[0])
             x_t_gan = self.noise_scheduler.add_noise(x, torch.randn_like(x), t_gan)
             with frozen(self.fake_score, self.discriminator):
                 gen = F.softplus(-self.discriminate(x_t_gan, t_gan, condition)).mean()
@@ -242,7 +254,8 @@ class DMD2Model(DistillationModel):
         with torch.no_grad():
             x = self.generate_for_training(noise, condition)
         scheduler = self.noise_scheduler
-        t = scheduler.sample_t(x.shape[0], device=x.device).to(self.precision)
+        groups = self.gan_groups(condition, x.shape[0], x.device)
+        t = per_group(lambda n: scheduler.sample_t(n, device=x.device), groups, x.shape[0]).to(self.precision)
         eps = torch.randn_like(x)
         x_t = scheduler.add_noise(x, eps, t)
         shared = self.use_gan and self.config.discriminator_features == "fake_score"
@@ -263,7 +276,7 @@ class DMD2Model(DistillationModel):
             if r1_on:
                 real_t = real_t.detach().requires_grad_(True)
             if shared:
-                d_fake = self.discriminator(features).float()
+                d_fake = self.discriminator(features, groups).float()
                 d_real = self.discriminate(real_t, t, condition)
             else:  # the frozen teacher reads fake and real samples in one batched pass
                 pair = None if condition is None else torch.cat([condition, condition])

@@ -59,7 +59,7 @@ class FDistillModel(DMD2Model):
     def vsd_weight(self, x: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, d_real: torch.Tensor,
                    d_fake: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
         with torch.no_grad():
-            log_ratio = self.discriminate(x_t, t, condition)
+            log_ratio = self.discriminate(x_t, t, condition, parts=self.config.vsd_num_noise)
             weight = f_divergence_weight(log_ratio, self.config.f_divergence)
             weight = (weight / weight.mean().clamp_min(1e-12)).clamp(0.0, self.config.f_weight_clip)
         self._last_weight_max = weight.max()

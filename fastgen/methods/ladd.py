@@ -28,7 +28,8 @@ from torch import nn
 
 from fastgen.methods.dmd2 import frozen
 from fastgen.methods.distill import DistillationModel
-from fastgen.networks.discriminator import FeatureDiscriminator, default_feature_indices, head_features, probe_feature_shapes
+from fastgen.networks.discriminator import (FeatureDiscriminator, default_feature_indices, head_features, minibatch_groups,
+                                            per_group, probe_feature_shapes)
 from fastgen.utils.errors import ConfigError
 
 
@@ -57,14 +58,19 @@ class LADDModel(DistillationModel):
 
     def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
         features = head_features(self.teacher, x_t, t, condition, self.feature_indices)
-        return self.discriminator(features).float()
+        return self.discriminator(features, self.minibatch_groups(condition, x_t.shape[0], x_t.device)).float()
+
+    def minibatch_groups(self, condition: torch.Tensor | None, batch: int, device: torch.device) -> torch.Tensor | None:
+        """Minibatch-std groups (None when off): never across conditions; each shares one noise level."""
+        return minibatch_groups(batch, self.config.discriminator_minibatch_std, condition, device=device)
 
     def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         real = data["real"].to(self.precision)
         condition = self.condition_of(data)
         scheduler = self.noise_scheduler
         noise = self.sample_noise(real.shape[0], real)
-        t = self.sample_noise_levels(real.shape[0], real.device, self.config.t_dist)
+        t = per_group(lambda n: self.sample_noise_levels(n, real.device, self.config.t_dist),
+                      self.minibatch_groups(condition, real.shape[0], real.device), real.shape[0])
         if iteration % self.config.student_update_freq == 0:
             x = self.generate(self.net, noise, condition)
             x_t = scheduler.add_noise(x, torch.randn_like(x), t)

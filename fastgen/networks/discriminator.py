@@ -8,12 +8,17 @@ logit per sample; the logits of all heads are summed.
 A head judges one sample at a time, so it cannot see a generator that makes every sample plausible but too few
 kinds of them (mode dropping). With ``minibatch_std_group = G > 1`` each head also reads ProGAN's minibatch
 standard deviation (Karras et al. 2018, "Progressive Growing of GANs", Sec. 3; groups of G as in StyleGAN): the
-spread of the features over each group of G consecutive samples, one extra input channel. Real and generated
-samples must then come in separate groups: callers that score both in one batch put them in contiguous halves
-whose size G divides.
+spread of the features over a group of at most G samples, one extra input channel. By default a group is G
+consecutive samples. For a diffusion discriminator that spread is only informative when the group's samples are
+alike in everything but the generator's variety, so callers pass explicit groups (``minibatch_groups``): a group
+never mixes real and generated samples, nor (for a conditional model) two conditions, and the caller gives all of
+a group's samples one noise level (``per_group``). Otherwise the spread measures the mix of noise levels and
+classes in the group, not the variety within a class - which is what a mode-seeking generator loses.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -37,15 +42,56 @@ def group_size(batch: int, group: int) -> int:
     return 1
 
 
-def minibatch_std(feature: torch.Tensor, group: int) -> torch.Tensor:
-    """ProGAN's minibatch standard deviation (Karras et al. 2018, Sec. 3): over each group of ``group`` consecutive
-    samples, the standard deviation of every feature (and position), averaged to one number per group and given
-    to each of the group's samples. Returns ``(B,)``."""
+def minibatch_groups(batch: int, group: int, condition: torch.Tensor | None = None, parts: int = 1,
+                     device: torch.device | str | None = None) -> torch.Tensor | None:
+    """Group index ``(batch,)`` (``0 .. n_groups - 1``) for the minibatch standard deviation, or None when it is off
+    (``group <= 1``). The batch is ``parts`` equal, contiguous parts (generated then real) that no group crosses.
+    Unconditional: consecutive groups of ``group_size(part, group)``. Conditional: each part's samples with the same
+    condition row, in batch order, cut into groups of at most ``group`` - so the spread is within one class."""
+    if group <= 1:
+        return None
+    if batch % parts:
+        raise ValueError(f"a batch of {batch} does not split into {parts} equal parts")
+    part_size = batch // parts
+    index = torch.arange(batch, device=device)
+    if condition is None:
+        return index // group_size(part_size, group)
+    _, label = torch.unique(condition.reshape(batch, -1), dim=0, return_inverse=True)
+    key = (index // part_size) * batch + label.to(index.device)  # (part, condition) pairs, distinct per part
+    _, key = torch.unique(key, return_inverse=True)
+    seen = torch.nn.functional.one_hot(key).cumsum(dim=0)  # running count of each key along the batch
+    rank = seen.gather(1, key.unsqueeze(1)).squeeze(1) - 1  # position of each sample among its key's samples
+    _, ids = torch.unique(key * batch + rank // group, return_inverse=True)
+    return ids
+
+
+def per_group(draw: Callable[[int], torch.Tensor], groups: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """``draw(n)`` values, one per group and shared by its samples (a noise level per minibatch-std group); with
+    ``groups=None`` one per sample."""
+    if groups is None:
+        return draw(batch)
+    return draw(int(groups.max().item()) + 1)[groups]
+
+
+def minibatch_std(feature: torch.Tensor, group: int | torch.Tensor) -> torch.Tensor:
+    """ProGAN's minibatch standard deviation (Karras et al. 2018, Sec. 3): over each group of samples, the standard
+    deviation of every feature (and position), averaged to one number per group and given to each of the group's
+    samples. ``group`` is a group size (consecutive samples, ``group_size`` of the batch) or a ``(B,)`` group
+    index from ``minibatch_groups``; a group of one sample has spread 0 (real and generated batches with the same
+    conditions have the same group sizes, so that is the same for both). Returns ``(B,)``."""
     batch = feature.shape[0]
-    size = group_size(batch, group)
-    grouped = feature.float().reshape(batch // size, size, -1)
-    spread = (grouped.var(dim=1, unbiased=False) + 1e-8).sqrt().mean(dim=1)
-    return spread.repeat_interleave(size).to(feature.dtype)
+    flat = feature.float().reshape(batch, -1)
+    if isinstance(group, int):
+        size = group_size(batch, group)
+        spread = (flat.reshape(batch // size, size, -1).var(dim=1, unbiased=False) + 1e-8).sqrt().mean(dim=1)
+        return spread.repeat_interleave(size).to(feature.dtype)
+    ids = group.to(feature.device)
+    n_groups = int(ids.max().item()) + 1
+    count = torch.zeros(n_groups, device=flat.device).index_add_(0, ids, torch.ones(batch, device=flat.device))
+    mean = torch.zeros(n_groups, flat.shape[1], device=flat.device).index_add_(0, ids, flat) / count.unsqueeze(1)
+    deviation = (flat - mean[ids]).square()
+    var = torch.zeros_like(mean).index_add_(0, ids, deviation) / count.unsqueeze(1)
+    return (var + 1e-8).sqrt().mean(dim=1)[ids].to(feature.dtype)
 
 
 class FeatureHead(nn.Module):
@@ -65,9 +111,9 @@ class FeatureHead(nn.Module):
             self.body = nn.Sequential(nn.Linear(inputs, hidden), nn.SiLU())
         self.out = nn.Linear(hidden, 1)
 
-    def forward(self, feature: torch.Tensor, group: int | None = None) -> torch.Tensor:
+    def forward(self, feature: torch.Tensor, group: int | torch.Tensor | None = None) -> torch.Tensor:
         if self.minibatch_std_group > 1:
-            spread = minibatch_std(feature, group or self.minibatch_std_group)
+            spread = minibatch_std(feature, self.minibatch_std_group if group is None else group)
             extra = spread.view(-1, *([1] * (feature.dim() - 1))).expand(-1, 1, *feature.shape[2:])
             feature = torch.cat([feature, extra], dim=1)
         h = self.body(feature)
@@ -87,9 +133,9 @@ class FeatureDiscriminator(nn.Module):
         self.heads = nn.ModuleList(FeatureHead(int(shape[0]), spatial=len(shape) == 3, hidden=hidden,
                                                minibatch_std_group=minibatch_std_group) for shape in feature_shapes)
 
-    def forward(self, features: list[torch.Tensor], group: int | None = None) -> torch.Tensor:
-        """``group`` overrides the minibatch-std group size for this call: a caller scoring real and generated
-        samples in one batch passes ``group_size(half, minibatch_std_group)`` so that no group straddles them."""
+    def forward(self, features: list[torch.Tensor], group: int | torch.Tensor | None = None) -> torch.Tensor:
+        """``group`` overrides the minibatch-std grouping for this call: a group size, or a ``(B,)`` group index
+        from ``minibatch_groups`` (which keeps real and generated samples, and classes, in separate groups)."""
         if len(features) != len(self.heads):
             raise ValueError(f"expected {len(self.heads)} feature maps, got {len(features)}")
         logits = self.heads[0](features[0], group)

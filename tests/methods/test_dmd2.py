@@ -415,6 +415,36 @@ def test_minibatch_std_groups_never_mix_generated_and_real_samples(features: str
     assert torch.allclose(*fake_halves)
 
 
+@pytest.mark.parametrize("features", ["teacher", "fake_score"])
+def test_minibatch_std_groups_share_a_noise_level_and_a_class(features: str) -> None:
+    """Each minibatch-std group holds one class and one noise level, in the critic's and the student's
+    iterations, so its feature spread measures the student's variety within a class rather than the mix of noise
+    levels and classes; and a class's logits do not depend on the other classes' samples."""
+    model = build(digits_dmd2(discriminator_features=features, discriminator_minibatch_std=4))
+    labels = torch.tensor([3, 1, 3, 3, 1, 3, 3, 7])
+    real = torch.rand(8, 1, 8, 8) * 2 - 1
+    groups = model.gan_groups(model.condition_of({"real": real, "condition": labels}), 8, real.device)
+    assert groups is not None and int(groups.max()) + 1 == 4  # 3: groups of 4 and 1; 1: one of 2; 7: one of 1
+    logits: list[torch.Tensor] = []
+    model.discriminator.register_forward_hook(lambda _m, _a, out: logits.append(out.detach()))
+    for iteration in (0, 1):
+        torch.manual_seed(iteration)
+        _, outputs = model.single_train_step({"real": real, "condition": labels}, iteration=iteration)
+        for g in groups.unique():
+            assert outputs["t"][groups == g].unique().numel() == 1
+        assert outputs["t"].unique().numel() == 4
+    changed = real.clone()
+    changed[labels == 1] += 0.5
+    critic_logits = []
+    for batch in (real, changed):
+        logits.clear()
+        torch.manual_seed(5)
+        model.single_train_step({"real": batch, "condition": labels}, iteration=1)
+        critic_logits.append(logits[-1][-8:])  # the real half
+    assert torch.allclose(critic_logits[0][labels != 1], critic_logits[1][labels != 1])
+    assert not torch.allclose(critic_logits[0][labels == 1], critic_logits[1][labels == 1])
+
+
 @pytest.mark.parametrize("make", [lambda: toy_dmd2(gan=True), ladd_config])
 def test_a_negative_minibatch_std_group_is_a_config_error(make) -> None:
     config = make()

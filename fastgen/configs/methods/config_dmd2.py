@@ -43,8 +43,9 @@ class DMD2ModelConfig(DistillModelConfig):
     feature_indices: Optional[list[int]] = None  # None: the backbone's bottleneck
     discriminator_hidden: Optional[int] = None
     # ProGAN's minibatch standard deviation (Karras et al. 2018, Sec. 3) as one more input of each head, over groups
-    # of this many samples: it lets the discriminator see too little variety, which a per-sample head cannot
-    # (DMD's reverse KL is mode-seeking). 0 or 1: off.
+    # of at most this many samples: it lets the discriminator see too little variety, which a per-sample head cannot
+    # (DMD's reverse KL is mode-seeking). A group never mixes generated and real samples or two conditions, and
+    # its samples share one noise level, so the spread is the variety within a class. 0 or 1: off.
     discriminator_minibatch_std: int = 0
     # Weighting of the fake score's denoising loss over noise levels: "schedule" (the schedule's own training
     # weight, EDM's lambda(sigma) of Karras et al. 2022 Eq. 8, which evens the loss out over sigma) or "uniform"

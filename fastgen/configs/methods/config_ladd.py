@@ -23,7 +23,8 @@ class LADDModelConfig(DistillModelConfig):
     feature_indices: Optional[list[int]] = None  # teacher feature levels read by the heads; None: bottleneck
     discriminator_hidden: Optional[int] = None
     # ProGAN's minibatch standard deviation (Karras et al. 2018, Sec. 3) as one more input of each head, over groups
-    # of this many samples: it lets the discriminator see too little variety, which a per-sample head cannot. 0 or 1: off.
+    # of at most this many samples of one condition sharing one noise level: it lets the discriminator see too little
+    # variety within a class, which a per-sample head cannot. 0 or 1: off.
     discriminator_minibatch_std: int = 0
     # Noise levels at which real and generated samples meet the discriminator (see DistillationModel.sample_noise_levels).
     t_dist: Literal["sampling", "train"] = "sampling"
