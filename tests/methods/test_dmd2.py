@@ -383,7 +383,9 @@ def test_long_digits_recipe_decays_every_learning_rate_to_a_tenth_by_its_last_it
     from fastgen.configs.config_utils import load_config, validate_config
 
     config = validate_config(load_config("Digits/config_dmd2_digits_long"))
-    assert config.trainer.max_iter == 4000 and config.trainer.callbacks.ema.beta == 0.98
+    assert config.trainer.max_iter == 4000
+    assert config.trainer.callbacks.ema.type == "power" and config.trainer.callbacks.ema.gamma == 6.94
+    assert list(config.model.feature_indices) == [0, 1, 3] and config.model.discriminator_hidden == 128
     model = build(config)
     start = {name: opt.param_groups[0]["lr"] for name, opt in model.optimizers.items()}
     history: dict[str, list[float]] = {name: [] for name in model.optimizers}
