@@ -58,9 +58,9 @@ class LADDModel(DistillationModel):
 
     def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
         features = head_features(self.teacher, x_t, t, condition, self.feature_indices)
-        return self.discriminator(features, self.minibatch_groups(condition, x_t.shape[0], x_t.device)).float()
+        return self.discriminator(features, self.gan_groups(condition, x_t.shape[0], x_t.device)).float()
 
-    def minibatch_groups(self, condition: torch.Tensor | None, batch: int, device: torch.device) -> torch.Tensor | None:
+    def gan_groups(self, condition: torch.Tensor | None, batch: int, device: torch.device) -> torch.Tensor | None:
         """Minibatch-std groups (None when off): never across conditions; each shares one noise level."""
         return minibatch_groups(batch, self.config.discriminator_minibatch_std, condition, device=device)
 
@@ -70,7 +70,7 @@ class LADDModel(DistillationModel):
         scheduler = self.noise_scheduler
         noise = self.sample_noise(real.shape[0], real)
         t = per_group(lambda n: self.sample_noise_levels(n, real.device, self.config.t_dist),
-                      self.minibatch_groups(condition, real.shape[0], real.device), real.shape[0])
+                      self.gan_groups(condition, real.shape[0], real.device), real.shape[0])
         if iteration % self.config.student_update_freq == 0:
             x = self.generate(self.net, noise, condition)
             x_t = scheduler.add_noise(x, torch.randn_like(x), t)

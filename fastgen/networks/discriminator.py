@@ -82,10 +82,9 @@ def minibatch_std(feature: torch.Tensor, group: int | torch.Tensor) -> torch.Ten
     batch = feature.shape[0]
     flat = feature.float().reshape(batch, -1)
     if isinstance(group, int):
-        size = group_size(batch, group)
-        spread = (flat.reshape(batch // size, size, -1).var(dim=1, unbiased=False) + 1e-8).sqrt().mean(dim=1)
-        return spread.repeat_interleave(size).to(feature.dtype)
-    ids = group.to(feature.device)
+        ids = torch.arange(batch, device=flat.device) // group_size(batch, group)
+    else:
+        ids = group.to(flat.device)
     n_groups = int(ids.max().item()) + 1
     count = torch.zeros(n_groups, device=flat.device).index_add_(0, ids, torch.ones(batch, device=flat.device))
     mean = torch.zeros(n_groups, flat.shape[1], device=flat.device).index_add_(0, ids, flat) / count.unsqueeze(1)
