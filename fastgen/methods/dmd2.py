@@ -33,7 +33,11 @@ implementation does). The teacher is frozen. Iterations alternate (two-time-scal
   over noise levels by the schedule, or uniformly with ``fake_score_loss_weighting="uniform"``), and the
   discriminator learns ``softplus(D(fake)) + softplus(-D(real))`` on noised real and generated samples, plus
   the R1 penalty ``gamma/2 E ||grad_x D(x_real_t)||^2`` on noised real data (Mescheder et al. 2018, Eq. 9) when
-  ``r1_weight > 0``.
+  ``r1_weight > 0``. With ``r1_estimator="finite_difference"`` the penalty is estimated as
+  ``gamma/2 E[(D(x_real_t + s eps) - D(x_real_t))^2] / s^2`` (the approximated R1 of Lin et al. 2025, "Diffusion
+  Adversarial Post-Training for One-Step Video Generation", divided by ``s^2``): for Gaussian ``eps`` the
+  expectation is ``s^2 ||grad_x D||^2`` to first order in ``s``, and it costs one more forward pass of the
+  feature network instead of a double backward through it.
 
 Only the optimizers of the trained modules step (``get_optimizers``) and only their schedulers advance, so
 learning-rate schedules count each module's own updates.
@@ -85,6 +89,8 @@ class DMD2Model(DistillationModel):
             raise ConfigError("model.student_update_freq must be >= 1")
         if config.vsd_num_noise < 1:
             raise ConfigError("model.vsd_num_noise must be >= 1")
+        if config.r1_fd_sigma <= 0:
+            raise ConfigError("model.r1_fd_sigma must be > 0 (the finite-difference step of the R1 penalty)")
         if config.discriminator_minibatch_std < 0:
             raise ConfigError("model.discriminator_minibatch_std must be >= 0 (0 or 1: off)")
         fake_cfg = config.fake_score if config.fake_score is not None else config.net
@@ -197,6 +203,11 @@ class DMD2Model(DistillationModel):
             return None
         return minibatch_groups(batch, self.config.discriminator_minibatch_std, condition, parts, device)
 
+    @staticmethod
+    def repeat(condition: torch.Tensor | None, times: int) -> torch.Tensor | None:
+        """``condition`` for a batch made of ``times`` copies of the batch stacked along dim 0 (None stays None)."""
+        return None if condition is None else condition.repeat(times, *([1] * (condition.dim() - 1)))
+
     def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,
                      parts: int = 1) -> torch.Tensor:
         """Logits for ``x_t``; ``parts > 1`` says the batch is that many equal, separately judged parts (generated
@@ -219,7 +230,7 @@ class DMD2Model(DistillationModel):
         x = self.generate_for_training(noise, condition)
         draws = self.config.vsd_num_noise
         x_rep = x.detach().repeat(draws, *([1] * (x.dim() - 1)))  # draw k of sample i at row k * B + i
-        cond_rep = None if condition is None else condition.repeat(draws, *([1] * (condition.dim() - 1)))
+        cond_rep = self.repeat(condition, draws)
         t = per_group(lambda n: self.sample_vsd_t(n, x.device), self.gan_groups(cond_rep, x_rep.shape[0], x.device, draws),
                       x_rep.shape[0])  # per group: f-distill's weights read the discriminator at these levels
         x_t = self.noise_scheduler.add_noise(x_rep, torch.randn_like(x_rep), t)
@@ -273,21 +284,32 @@ class DMD2Model(DistillationModel):
             assert self.discriminator is not None
             real_t = scheduler.add_noise(real, torch.randn_like(real), t)
             r1_on = self.config.r1_weight > 0 and torch.is_grad_enabled()
-            if r1_on:
+            exact_r1 = r1_on and self.config.r1_estimator == "exact"
+            fd_r1 = r1_on and not exact_r1
+            if exact_r1:
                 real_t = real_t.detach().requires_grad_(True)
+            judged = [real_t]  # the real samples and, for the finite-difference R1, their perturbed copies
+            if fd_r1:
+                judged.append(real_t + self.config.r1_fd_sigma * torch.randn_like(real_t))
             if shared:
                 d_fake = self.discriminator(features, groups).float()
-                d_real = self.discriminate(real_t, t, condition)
+                d_judged = self.discriminate(torch.cat(judged), t.repeat(len(judged)), self.repeat(condition, len(judged)),
+                                             parts=len(judged)).chunk(len(judged))
             else:  # the frozen teacher reads fake and real samples in one batched pass
-                pair = None if condition is None else torch.cat([condition, condition])
-                d_fake, d_real = self.discriminate(torch.cat([x_t, real_t]), torch.cat([t, t]), pair, parts=2).chunk(2)
+                parts = 1 + len(judged)
+                d_fake, *d_judged = self.discriminate(torch.cat([x_t, *judged]), t.repeat(parts),
+                                                      self.repeat(condition, parts), parts=parts).chunk(parts)
+            d_real = d_judged[0]
             disc = F.softplus(d_fake).mean() + F.softplus(-d_real).mean()
             total = total + self.config.gan_loss_weight_disc * disc
             loss_dict.update(gan_disc_loss=disc.detach(), d_real_logit=d_real.detach().mean(),
                              d_fake_logit=d_fake.detach().mean())
             if r1_on:
-                (grad_real,) = torch.autograd.grad(d_real.sum(), real_t, create_graph=True)
-                r1 = grad_real.float().square().flatten(1).sum(dim=1).mean()
+                if exact_r1:
+                    (grad_real,) = torch.autograd.grad(d_real.sum(), real_t, create_graph=True)
+                    r1 = grad_real.float().square().flatten(1).sum(dim=1).mean()
+                else:
+                    r1 = (d_judged[1] - d_real).square().mean() / self.config.r1_fd_sigma ** 2
                 total = total + 0.5 * self.config.r1_weight * r1
                 loss_dict["r1_loss"] = r1.detach()
         loss_dict["total_loss"] = total

@@ -176,6 +176,35 @@ def test_r1_penalty_on_noised_real_data() -> None:
         assert "r1_loss" not in model.single_train_step(batch, iteration=1)[0]
 
 
+@pytest.mark.parametrize("features", ["teacher", "fake_score"])
+def test_finite_difference_r1_estimates_the_exact_penalty(features: str) -> None:
+    """The finite-difference R1 (one more forward pass) agrees with the double-backward one on the same noised real
+    samples (same seed: everything up to the perturbation is drawn alike), trains the same modules and leaves the
+    logits of the real samples unchanged: the perturbed copies are a separate part of the batch."""
+    real = torch.randn(512, 2)
+    penalties, real_logits = {}, {}
+    for estimator in ("exact", "finite_difference"):
+        model = build(toy_dmd2(gan=True, r1_weight=1.0, r1_estimator=estimator, discriminator_features=features,
+                               discriminator_minibatch_std=4))
+        logits: list[torch.Tensor] = []
+        model.discriminator.register_forward_hook(lambda _m, _a, out: logits.append(out.detach()))
+        torch.manual_seed(3)
+        loss_dict, _ = model.single_train_step({"real": real}, iteration=1)
+        penalties[estimator] = float(loss_dict["r1_loss"])
+        real_logits[estimator] = logits[-1][-1024:-512] if estimator == "finite_difference" else logits[-1][-512:]
+        loss_dict["total_loss"].backward()
+        assert grads(model.discriminator) and not grads(model.teacher) and not grads(model.net)
+        assert grads(model.fake_score)
+    assert penalties["exact"] > 0
+    assert penalties["finite_difference"] == pytest.approx(penalties["exact"], rel=0.2)
+    torch.testing.assert_close(real_logits["exact"], real_logits["finite_difference"])
+
+
+def test_finite_difference_r1_needs_a_positive_step() -> None:
+    with pytest.raises(ConfigError, match="model.r1_fd_sigma must be > 0"):
+        build(toy_dmd2(gan=True, r1_weight=1.0, r1_estimator="finite_difference", r1_fd_sigma=0.0))
+
+
 def test_multi_step_student_backward_simulation_and_sampling() -> None:
     model = build(digits_dmd2(t_list=[80.0, 1.0, 0.2]))
     noise = torch.randn(4, 1, 8, 8) * 80

@@ -53,6 +53,13 @@ class DMD2ModelConfig(DistillModelConfig):
     # fake score; low noise levels then count for little, and the critic learns the student's coarse structure).
     fake_score_loss_weighting: Literal["schedule", "uniform"] = "schedule"
     r1_weight: float = 0.0  # gamma of the R1 penalty gamma/2 E||grad_x D(x_t)||^2 on noised real data
+    # How the R1 penalty is computed. "exact": the input gradient by double backpropagation through the feature
+    # network and heads. "finite_difference": gamma/2 E[(D(x_t + s eps) - D(x_t))^2] / s^2 with s = r1_fd_sigma,
+    # which equals the exact penalty to first order in s (E[(grad . s eps)^2] = s^2 ||grad||^2) and costs one more
+    # forward pass instead of a double backward (the "approximated R1" of Lin et al. 2025, "Diffusion Adversarial
+    # Post-Training for One-Step Video Generation", rescaled by 1/s^2 so that r1_weight means the same in both).
+    r1_estimator: Literal["exact", "finite_difference"] = "exact"
+    r1_fd_sigma: float = 0.01  # step s of the finite-difference R1, in data units
     # Times at which the student's samples are noised for the distribution-matching gradient, clamped to
     # [vsd_t_min, vsd_t_max] (None: the schedule's own range). "sampling": uniform over a 1000-step sampling grid
     # of the schedule (DMD2's uniform timesteps; for EDM the Karras rho-grid, so high noise is well covered);
