@@ -412,7 +412,7 @@ def test_long_digits_recipe_decays_every_learning_rate_to_a_tenth_by_its_last_it
     from fastgen.configs.config_utils import load_config, validate_config
 
     config = validate_config(load_config("Digits/config_dmd2_digits_long"))
-    assert config.trainer.max_iter == 4000
+    assert config.trainer.max_iter == 15000
     assert config.trainer.callbacks.ema.type == "power" and config.trainer.callbacks.ema.gamma == 6.94
     assert list(config.model.feature_indices) == [0, 1, 3] and config.model.discriminator_hidden == 128
     model = build(config)

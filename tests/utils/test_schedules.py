@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fastgen.configs.config_utils import load_config, validate_config
+from fastgen.configs.experiments.Digits.config_dmd2_digits_long import MAX_ITER
 from fastgen.configs.instantiate import LazyCall, instantiate
 from fastgen.trainer import Trainer
 from fastgen.utils.schedules import schedule_length_mismatches
@@ -22,22 +23,23 @@ def long_recipe_mismatches(max_iter: int) -> list[str]:
 
 
 def test_the_long_recipe_as_shipped_ends_every_decay_with_the_run() -> None:
-    assert long_recipe_mismatches(4000) == []
+    assert long_recipe_mismatches(MAX_ITER) == []
 
 
 def test_a_longer_run_than_the_recipe_names_each_decay_that_finishes_early() -> None:
-    messages = long_recipe_mismatches(8000)
+    messages = long_recipe_mismatches(2 * MAX_ITER)
+    student, critic = MAX_ITER // 5, MAX_ITER - MAX_ITER // 5  # one student update in five iterations
     assert len(messages) == 3
-    assert any(m.startswith("net's") and "decays over 800 updates" in m and "gives net 1600" in m
-               and "the last 800 stay at the final learning rate" in m for m in messages)
-    assert any(m.startswith("fake_score's") and "decays over 3200 updates" in m and "gives fake_score 6400" in m
-               for m in messages)
+    assert any(m.startswith("net's") and f"decays over {student} updates" in m and f"gives net {2 * student}" in m
+               and f"the last {student} stay at the final learning rate" in m for m in messages)
+    assert any(m.startswith("fake_score's") and f"decays over {critic} updates" in m
+               and f"gives fake_score {2 * critic}" in m for m in messages)
 
 
 def test_a_shorter_run_than_the_recipe_ends_before_the_schedule() -> None:
-    messages = long_recipe_mismatches(2000)
+    messages = long_recipe_mismatches(MAX_ITER // 2)
     assert len(messages) == 3 and all("the run ends before the schedule does" in m for m in messages)
-    assert any("runs over 800 updates" in m and "gives net 400" in m for m in messages)
+    assert any(f"runs over {MAX_ITER // 5} updates" in m and f"gives net {MAX_ITER // 10}" in m for m in messages)
 
 
 def test_a_warm_up_that_ends_early_is_intended_and_not_reported() -> None:
