@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.nn.functional as F
@@ -203,10 +203,19 @@ class DMD2Model(DistillationModel):
             return None
         return minibatch_groups(batch, self.config.discriminator_minibatch_std, condition, parts, device)
 
+    @overload
     @staticmethod
-    def repeat(condition: torch.Tensor | None, times: int) -> torch.Tensor | None:
-        """``condition`` for a batch made of ``times`` copies of the batch stacked along dim 0 (None stays None)."""
-        return None if condition is None else condition.repeat(times, *([1] * (condition.dim() - 1)))
+    def repeat(batch: torch.Tensor, times: int) -> torch.Tensor: ...
+
+    @overload
+    @staticmethod
+    def repeat(batch: None, times: int) -> None: ...
+
+    @staticmethod
+    def repeat(batch: torch.Tensor | None, times: int) -> torch.Tensor | None:
+        """``times`` copies of ``batch`` stacked along dim 0, copy k of row i at row k * B + i (None stays None):
+        samples, conditions and noise levels of a batch judged or noised several times in one pass."""
+        return None if batch is None else batch.repeat(times, *([1] * (batch.dim() - 1)))
 
     def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,
                      parts: int = 1) -> torch.Tensor:
@@ -229,7 +238,7 @@ class DMD2Model(DistillationModel):
                      noise: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         x = self.generate_for_training(noise, condition)
         draws = self.config.vsd_num_noise
-        x_rep = x.detach().repeat(draws, *([1] * (x.dim() - 1)))  # draw k of sample i at row k * B + i
+        x_rep = self.repeat(x.detach(), draws)  # draw k of sample i at row k * B + i
         cond_rep = self.repeat(condition, draws)
         t = per_group(lambda n: self.sample_vsd_t(n, x.device), self.gan_groups(cond_rep, x_rep.shape[0], x.device, draws),
                       x_rep.shape[0])  # per group: f-distill's weights read the discriminator at these levels
