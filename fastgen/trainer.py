@@ -87,7 +87,7 @@ class Trainer:
         self.stepping: list[str] = []
         self.exception: BaseException | None = None
         self.last_checkpoint: Path | None = None
-        self._created_run_dir = False  # set on rank 0 by prepare_run_dir
+        self._created_output_dir: Path | None = None  # set on rank 0 by prepare_run_dir
         self.last_sample_path: Path | None = None
         self.dataloader_train: Any = None
         self.dataloader_val: Any = None
@@ -162,11 +162,11 @@ class Trainer:
         """Check the run directory is writable, then write the resolved ``config.yaml`` (secrets redacted)."""
         from fastgen.configs.config_utils import save_config_yaml
         from fastgen.utils.env import load_credentials
-        from fastgen.utils.io import check_writable_dir
+        from fastgen.utils.io import check_writable_dir, outermost_missing_folder
 
         load_credentials(self.config.credentials_dir)
         if dist_utils.is_rank0():
-            self._created_run_dir = not self.run_dir.exists()
+            self._created_output_dir = outermost_missing_folder(self.run_dir)
             check_writable_dir(self.run_dir)
             check_writable_dir(self.checkpointer.save_dir)
             save_config_yaml(self.config, self.run_dir / "config.yaml")
@@ -175,13 +175,15 @@ class Trainer:
     def _discard_unused_run_dir(self) -> None:
         """A run that stopped on bad input (a ``UsageError``, e.g. a config value the method rejects) before its
         first iteration leaves no run directory behind, if this call created it: its config.yaml would describe a
-        run that never happened, and the corrected command would "resume" it."""
-        if not (self._created_run_dir and isinstance(self.exception, UsageError) and self.iteration == 0
+        run that never happened, and the corrected command would "resume" it. The project and group folders this
+        call created for it go too, so a typo leaves no empty folders in the output root."""
+        created = self._created_output_dir
+        if not (created is not None and isinstance(self.exception, UsageError) and self.iteration == 0
                 and self.last_checkpoint is None):
             return
         import shutil
 
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        shutil.rmtree(created, ignore_errors=True)
 
     @contextlib.contextmanager
     def _stop_on_signals(self) -> Iterator[None]:

@@ -275,11 +275,21 @@ def _failing_config(name: str, callback: type[Callback], max_iter: int = 2):
     return config
 
 
-def test_bad_input_before_the_first_iteration_leaves_no_run_directory() -> None:
+def test_bad_input_before_the_first_iteration_leaves_no_run_directory(output_root: Path) -> None:
     trainer = Trainer(_failing_config("badinput", BadInputBeforeTraining))
     with pytest.raises(UsageError, match="some_option"):
         trainer.run()
     assert not trainer.run_dir.exists()
+    assert list(output_root.iterdir()) == []  # nor the project and group folders made for it
+
+
+def test_bad_input_keeps_the_folders_above_the_run_that_were_there_before(output_root: Path) -> None:
+    trainer = Trainer(_failing_config("badinput", BadInputBeforeTraining))
+    trainer.run_dir.parent.mkdir(parents=True)
+    (trainer.run_dir.parent / "other_run").mkdir()
+    with pytest.raises(UsageError):
+        trainer.run()
+    assert not trainer.run_dir.exists() and (trainer.run_dir.parent / "other_run").is_dir()
 
 
 def test_bad_input_keeps_a_run_directory_it_did_not_create_or_that_trained() -> None:

@@ -53,6 +53,17 @@ def atomic_write_with(path: Path, writer: Callable[[IO], None]) -> None:
         writer(handle)
 
 
+def outermost_missing_folder(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist yet (None if ``path`` exists): removing it
+    undoes exactly what ``path.mkdir(parents=True)`` is about to create."""
+    missing = None
+    for folder in (Path(path), *Path(path).parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
 def check_writable_dir(folder: Path) -> None:
     """Create ``folder`` if needed and prove it is writable, raising ``UsageError`` with the reason."""
     from fastgen.utils.errors import UsageError
