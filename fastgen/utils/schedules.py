@@ -32,6 +32,19 @@ def schedule_horizon(scheduler: Any) -> tuple[int, bool] | None:
     return None
 
 
+def ends_at_zero(scheduler: Any) -> bool:
+    """Whether the schedule's final learning rate is 0, so that updates past its end do not train at all."""
+    import torch.optim.lr_scheduler as s
+
+    if isinstance(scheduler, s.LinearLR):
+        return scheduler.end_factor == 0
+    if isinstance(scheduler, s.PolynomialLR):
+        return True
+    if isinstance(scheduler, s.CosineAnnealingLR):
+        return scheduler.eta_min == 0
+    return False
+
+
 def updates_per_module(stepped_at: Callable[[int], list[str]], max_iter: int) -> dict[str, int]:
     """How many times each optimizer steps in iterations ``0 .. max_iter - 1`` (``model.get_optimizers``)."""
     counts: dict[str, int] = {}
@@ -56,9 +69,10 @@ def schedule_length_mismatches(schedulers: dict[str, Any], stepped_at: Callable[
                             f"but trainer.max_iter={max_iter} gives {name} {updates}: the run ends before the "
                             f"schedule does (change the schedule with max_iter)")
         elif decays and steps < updates:
+            final = "0, so they train nothing" if ends_at_zero(scheduler) else "the final learning rate"
             messages.append(f"{name}'s learning-rate schedule ({type(scheduler).__name__}) decays over {steps} updates, "
                             f"but trainer.max_iter={max_iter} gives {name} {updates}: the last {updates - steps} stay "
-                            f"at the final learning rate (change the schedule with max_iter)")
+                            f"at {final} (change the schedule with max_iter)")
     return messages
 
 
