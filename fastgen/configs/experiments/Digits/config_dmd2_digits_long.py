@@ -9,9 +9,10 @@ to the end (its raw weights scored FD 0.45-1.0 over the last 3,000 iterations) a
 teacher. The GAN term is ten times stronger (0.3) with an R1 penalty on the discriminator (gamma 1; Mescheder
 et al. 2018, Eq. 9), which keeps that weight stable (without R1 it diverges), estimated by finite differences
 (``r1_estimator``: one more forward pass instead of a double backward, 0.74x the wall time; over two training
-seeds level with the exact penalty), and the discriminator has a head on each of three teacher feature levels (128 hidden channels) instead of one on the
-bottleneck. The schedulers count the updates of their own module: the student is stepped in one iteration of
-every ``student_update_freq``, the fake score and the discriminator in the others. Change ``MAX_ITER`` in this
+seeds level with the exact penalty), and the discriminator has a head on each of three teacher feature levels
+(128 hidden channels) instead of one on the bottleneck. The schedulers count the updates of their own module:
+the student is stepped in one iteration of every ``student_update_freq``, the fake score and the discriminator
+in the others. Change ``MAX_ITER`` in this
 file, not ``trainer.max_iter`` on the command line, or the decay will not end with the run (the trainer then
 warns, naming each schedule's length and the updates the run gives its module).
 
