@@ -31,7 +31,7 @@ def test_a_longer_run_than_the_recipe_names_each_decay_that_finishes_early() -> 
     student, critic = MAX_ITER // 5, MAX_ITER - MAX_ITER // 5  # one student update in five iterations
     assert len(messages) == 3
     assert any(m.startswith("net's") and f"decays over {student} updates" in m and f"gives net {2 * student}" in m
-               and f"the last {student} stay at 0, so they train nothing" in m for m in messages)
+               and f"the last {student} stay at the final learning rate" in m for m in messages)
     assert any(m.startswith("fake_score's") and f"decays over {critic} updates" in m
                and f"gives fake_score {2 * critic}" in m for m in messages)
 
@@ -47,8 +47,8 @@ def test_a_warm_up_that_ends_early_is_intended_and_not_reported() -> None:
     warm_up = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, end_factor=1.0, total_iters=10)
     assert schedule_length_mismatches({"net": warm_up}, lambda iteration: ["net"], 100) == []
     assert len(schedule_length_mismatches({"net": warm_up}, lambda iteration: ["net"], 5)) == 1
-    decay = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.1, total_iters=10)
-    assert "stay at the final learning rate" in schedule_length_mismatches({"net": decay}, lambda i: ["net"], 20)[0]
+    to_zero = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.0, total_iters=10)
+    assert "stay at 0, so they train nothing" in schedule_length_mismatches({"net": to_zero}, lambda i: ["net"], 20)[0]
     step = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3)  # no fixed end: nothing to compare
     assert schedule_length_mismatches({"net": step}, lambda iteration: ["net"], 100) == []
 
