@@ -9,40 +9,34 @@ so the trainer logs a warning that names both numbers.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
 
-def schedule_horizon(scheduler: Any) -> tuple[int, bool] | None:
-    """``(steps, decays)``: the scheduler steps after which the learning rate stops changing, and whether it falls
-    over them (a decay) rather than rises (a warm-up); ``None`` for schedulers without a fixed end."""
+class Horizon(NamedTuple):
+    steps: int  # scheduler steps after which the learning rate stops changing
+    decays: bool  # it falls over them (a decay) rather than rises (a warm-up)
+    ends_at_zero: bool  # its final learning rate is 0, so updates past the end train nothing
+
+
+def schedule_horizon(scheduler: Any) -> Horizon | None:
+    """Where ``scheduler``'s learning rate stops changing, and how it gets there; ``None`` for schedulers without
+    a fixed end."""
     from torch.optim import lr_scheduler as s
 
     if isinstance(scheduler, s.LinearLR):
-        return int(scheduler.total_iters), scheduler.end_factor < scheduler.start_factor
+        return Horizon(int(scheduler.total_iters), scheduler.end_factor < scheduler.start_factor,
+                       scheduler.end_factor == 0)
     if isinstance(scheduler, s.PolynomialLR):
-        return int(scheduler.total_iters), True
+        return Horizon(int(scheduler.total_iters), True, True)
     if isinstance(scheduler, s.CosineAnnealingLR):
-        return int(scheduler.T_max), True
+        return Horizon(int(scheduler.T_max), True, scheduler.eta_min == 0)
     if isinstance(scheduler, s.OneCycleLR):
-        return int(scheduler.total_steps), True
+        return Horizon(int(scheduler.total_steps), True, False)  # ends at initial_lr / final_div_factor
     return None
-
-
-def ends_at_zero(scheduler: Any) -> bool:
-    """Whether the schedule's final learning rate is 0, so that updates past its end do not train at all."""
-    import torch.optim.lr_scheduler as s
-
-    if isinstance(scheduler, s.LinearLR):
-        return scheduler.end_factor == 0
-    if isinstance(scheduler, s.PolynomialLR):
-        return True
-    if isinstance(scheduler, s.CosineAnnealingLR):
-        return scheduler.eta_min == 0
-    return False
 
 
 def updates_per_module(stepped_at: Callable[[int], list[str]], max_iter: int) -> dict[str, int]:
@@ -61,7 +55,7 @@ def schedule_length_mismatches(schedulers: dict[str, Any], stepped_at: Callable[
     horizons = {name: h for name, scheduler in schedulers.items() if (h := schedule_horizon(scheduler)) is not None}
     counts = updates_per_module(stepped_at, max_iter) if horizons else {}
     messages = []
-    for name, (steps, decays) in horizons.items():
+    for name, (steps, decays, ends_at_zero) in horizons.items():
         scheduler = schedulers[name]
         updates = counts.get(name, 0)
         if steps > updates:
@@ -69,7 +63,7 @@ def schedule_length_mismatches(schedulers: dict[str, Any], stepped_at: Callable[
                             f"but trainer.max_iter={max_iter} gives {name} {updates}: the run ends before the "
                             f"schedule does (change the schedule with max_iter)")
         elif decays and steps < updates:
-            final = "0, so they train nothing" if ends_at_zero(scheduler) else "the final learning rate"
+            final = "0, so they train nothing" if ends_at_zero else "the final learning rate"
             messages.append(f"{name}'s learning-rate schedule ({type(scheduler).__name__}) decays over {steps} updates, "
                             f"but trainer.max_iter={max_iter} gives {name} {updates}: the last {updates - steps} stay "
                             f"at {final} (change the schedule with max_iter)")

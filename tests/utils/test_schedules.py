@@ -47,10 +47,14 @@ def test_a_warm_up_that_ends_early_is_intended_and_not_reported() -> None:
     warm_up = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, end_factor=1.0, total_iters=10)
     assert schedule_length_mismatches({"net": warm_up}, lambda iteration: ["net"], 100) == []
     assert len(schedule_length_mismatches({"net": warm_up}, lambda iteration: ["net"], 5)) == 1
-    to_zero = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.0, total_iters=10)
-    assert "stay at 0, so they train nothing" in schedule_length_mismatches({"net": to_zero}, lambda i: ["net"], 20)[0]
     step = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3)  # no fixed end: nothing to compare
     assert schedule_length_mismatches({"net": step}, lambda iteration: ["net"], 100) == []
+
+
+def test_a_decay_to_zero_that_ends_early_says_its_last_updates_train_nothing() -> None:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    to_zero = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.0, total_iters=10)
+    assert "stay at 0, so they train nothing" in schedule_length_mismatches({"net": to_zero}, lambda i: ["net"], 20)[0]
 
 
 def test_the_trainer_logs_the_mismatch_before_training(caplog: pytest.LogCaptureFixture) -> None:
