@@ -119,8 +119,8 @@ def test_recipes_build(recipe: str) -> None:
 
 @pytest.mark.slow
 def test_training_from_data_improves_one_step_samples() -> None:
-    """1,200 iterations: at 800 the energy distance fell below 0.6x of its starting value on one machine but only to 0.65x
-    on another (different arithmetic paths), too near the bound; at 1,200 it is 0.43x there."""
+    """1,200 iterations: at 800 the energy distance fell below 0.6x of its starting value on one machine but
+    only to 0.65x on another (different arithmetic paths), too near the bound; at 1,200 it is 0.43x there."""
     config = toy_run_config(create_config(), "meanflow", max_iter=1200)
     config.model.net = mf_net(hidden_dim=128, num_layers=2)
     config.model.ratio_r_neq_t = 0.75
