@@ -7,7 +7,7 @@ accuracy on the conditioning labels) and counts the student's network evaluation
 teacher is scored once with 18 Heun steps (35 evaluations). Prints a markdown table; ``--readme`` also writes it
 into README.md between the ``quality-table`` markers.
 
-    .venv/bin/python benchmarks/quality.py                       # every method (~25 min on 2 CPU cores)
+    .venv/bin/python benchmarks/quality.py                       # every method (~37 min on 2 CPU cores)
     .venv/bin/python benchmarks/quality.py --methods dmd2 kd     # a subset
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ["dmd2", "f_distill", "ladd", "kd", "cm", "scm", "tcm", "meanflow", "sft"]
+METHODS = ["dmd2", "sid", "f_distill", "ladd", "kd", "cm", "scm", "tcm", "meanflow", "sft"]
 BEGIN, END = "<!-- quality-table:begin -->", "<!-- quality-table:end -->"
 
 

@@ -16,7 +16,8 @@ implementation does). The teacher is frozen. Iterations alternate (two-time-scal
       grad = w (D_fake(x_t) - D_real(x_t)),   w = 1 / mean_{C,H,W} |x - D_real(x_t)|
 
   applied through the surrogate ``L_VSD = 1/2 ||x - sg(x - grad)||^2`` whose gradient w.r.t. ``x`` is ``grad``
-  (averaged over ``vsd_num_noise`` independent draws of ``(t, eps)`` per sample; DMD uses one).
+  (averaged over ``vsd_num_noise`` independent draws of ``(t, eps)`` per sample; DMD uses one). This term is
+  ``distribution_matching_loss``; SiD (``fastgen.methods.sid``) replaces it and keeps everything else.
   With the GAN branch, the student also minimises the non-saturating loss ``softplus(-D(features(x_t)))``
   (DMD2 Eq. 4) through the frozen feature network and discriminator. With ``discriminator_minibatch_std = G`` the
   heads also read the feature spread of each group of at most G samples (ProGAN's minibatch standard deviation),
@@ -234,25 +235,38 @@ class DMD2Model(DistillationModel):
             return self.student_step(real, condition, noise)
         return self.critic_step(real, condition, noise)
 
-    def student_step(self, real: torch.Tensor, condition: torch.Tensor | None,
-                     noise: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        x = self.generate_for_training(noise, condition)
+    def noised_draws(self, x: torch.Tensor, condition: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """``vsd_num_noise`` noisings of ``x`` for the distribution-matching term: ``(x_rep, cond_rep, t, x_t)``,
+        draw k of sample i at row k * B + i; gradients flow from ``x_t`` to ``x`` when ``x`` carries them."""
         draws = self.config.vsd_num_noise
-        x_rep = self.repeat(x.detach(), draws)  # draw k of sample i at row k * B + i
+        x_rep = self.repeat(x, draws)
         cond_rep = self.repeat(condition, draws)
         t = per_group(lambda n: self.sample_vsd_t(n, x.device), self.gan_groups(cond_rep, x_rep.shape[0], x.device, draws),
                       x_rep.shape[0])  # per group: f-distill's weights read the discriminator at these levels
         x_t = self.noise_scheduler.add_noise(x_rep, torch.randn_like(x_rep), t)
+        return x_rep, cond_rep, t, x_t
+
+    def distribution_matching_loss(self, x: torch.Tensor, condition: torch.Tensor | None
+                                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """DMD's term (DMD Eq. 7-8) through the surrogate ``1/2 ||x - sg(x - grad)||^2``: ``(loss, logged
+        values, x_t, t)``. The scores are evaluated without gradients; only ``x`` carries them."""
+        x_rep, cond_rep, t, x_t = self.noised_draws(x.detach(), condition)
         with torch.no_grad():
             d_real = self.teacher_x0(x_t, t, cond_rep)
             d_fake = self.fake_score(x_t, t, condition=cond_rep, fwd_pred_type="x0")
             normaliser = (x_rep - d_real).abs().float().flatten(1).mean(dim=1).clamp_min(1e-6)
             weight = self.vsd_weight(x_rep, x_t, t, d_real, d_fake, cond_rep) / normaliser
             grad = torch.nan_to_num((d_fake - d_real).float() * weight.view(-1, *([1] * (x.dim() - 1))))
-            grad = grad.view(draws, *x.shape).mean(dim=0)
+            grad = grad.view(self.config.vsd_num_noise, *x.shape).mean(dim=0)
         vsd = 0.5 * F.mse_loss(x.float(), (x.detach().float() - grad), reduction="mean")
+        return vsd, {"vsd_loss": vsd.detach(), "dmd_grad_norm": grad.flatten(1).norm(dim=1).mean()}, x_t, t
+
+    def student_step(self, real: torch.Tensor, condition: torch.Tensor | None,
+                     noise: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        x = self.generate_for_training(noise, condition)
+        vsd, loss_dict, x_t, t = self.distribution_matching_loss(x, condition)
         total = self.config.vsd_loss_weight * vsd
-        loss_dict: dict[str, torch.Tensor] = {"vsd_loss": vsd.detach(), "dmd_grad_norm": grad.flatten(1).norm(dim=1).mean()}
         if self.use_gan:
             # The generator's GAN term sees x noised afresh, with gradients through the frozen critic into x.
             t_gan = per_group(lambda n: self.sample_vsd_t(n, x.device), self.gan_groups(condition, x.shape[0], x.device),

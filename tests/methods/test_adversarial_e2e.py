@@ -15,7 +15,8 @@ from toy_distill import small_toy_mlp, toy_energy, toy_run_config, train
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["Toy/config_dmd2_toy", "Toy/config_f_distill_toy", "Toy/config_ladd_toy"])
+@pytest.mark.parametrize("recipe", ["Toy/config_dmd2_toy", "Toy/config_sid_toy", "Toy/config_f_distill_toy",
+                                    "Toy/config_ladd_toy"])
 def test_student_gets_closer_to_the_data(recipe: str, toy_teacher_ckpt: Path) -> None:
     config = toy_run_config(load_config(recipe), recipe.split("_", 1)[1], max_iter=400)
     config.model.net = small_toy_mlp()

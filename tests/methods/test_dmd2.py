@@ -108,21 +108,33 @@ def test_fake_score_loss_follows_its_weighting(weighting: str) -> None:
     torch.testing.assert_close(loss_dict["fake_score_loss"], (weight * per_sample).mean())
 
 
-def test_dmd_gradient_matches_the_formula() -> None:
-    """d L_VSD / d x = (D_fake - D_real) / mean|x - D_real| / numel (DMD Eq. 7-8 through the surrogate)."""
-    model = build(toy_dmd2())
+def student_step_on(model: DMD2Model, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict, torch.Tensor]:
+    """One student iteration with ``x`` standing in for the generator's output (fake score perturbed first, so
+    that it differs from the teacher): ``(loss_dict, outputs, d total_loss / d x)``."""
     perturb(model.fake_score)
-    x = torch.randn(8, 2, requires_grad=True)
+    x.requires_grad_(True)
     model.generate_for_training = lambda noise, condition: x  # type: ignore[method-assign]
     torch.manual_seed(3)
-    loss_dict, out = model.single_train_step({"real": torch.randn(8, 2)}, iteration=0)
-    (grad_x,) = torch.autograd.grad(loss_dict["total_loss"], x)
+    loss_dict, out = model.single_train_step({"real": torch.randn(x.shape[0], 2)}, iteration=0)
+    (grad_x,) = torch.autograd.grad(loss_dict["total_loss"], x, retain_graph=True)
+    return loss_dict, out, grad_x
+
+
+def denoised_pair(model: DMD2Model, out: dict, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(D_real, D_fake, w)`` at the step's ``x_t`` and ``t``, with DMD's weight ``w = 1 / mean|x - D_real|``."""
     with torch.no_grad():
         d_real = model.teacher(out["x_t"], out["t"], fwd_pred_type="x0")
         d_fake = model.fake_score(out["x_t"], out["t"], fwd_pred_type="x0")
-        w = 1.0 / (x - d_real).abs().mean(dim=1, keepdim=True)
-        expected = (d_fake - d_real) * w / x.numel()
-    torch.testing.assert_close(grad_x, expected, rtol=1e-4, atol=1e-7)
+        return d_real, d_fake, 1.0 / (x.detach() - d_real).abs().mean(dim=1, keepdim=True)
+
+
+def test_dmd_gradient_matches_the_formula() -> None:
+    """d L_VSD / d x = (D_fake - D_real) / mean|x - D_real| / numel (DMD Eq. 7-8 through the surrogate)."""
+    model = build(toy_dmd2())
+    x = torch.randn(8, 2)
+    _, out, grad_x = student_step_on(model, x)
+    d_real, d_fake, w = denoised_pair(model, out, x)
+    torch.testing.assert_close(grad_x, (d_fake - d_real) * w / x.numel(), rtol=1e-4, atol=1e-7)
 
 
 def test_dmd_gradient_averages_several_noisings_per_sample() -> None:
@@ -144,10 +156,14 @@ def test_dmd_gradient_averages_several_noisings_per_sample() -> None:
         build(toy_dmd2(vsd_num_noise=0))
 
 
-def test_fake_score_equal_to_teacher_gives_zero_dmd_gradient() -> None:
-    model = build(toy_dmd2())
+@pytest.mark.parametrize(("model_class", "key"), [("fastgen.methods.dmd2.DMD2Model", "vsd_loss"),
+                                                  ("fastgen.methods.sid.SiDModel", "sid_loss")])
+def test_fake_score_equal_to_teacher_gives_zero_dmd_gradient(model_class: str, key: str) -> None:
+    config = toy_dmd2()
+    config.model_class = LazyCall(model_class)()
+    model = build(config)
     loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=0)
-    assert float(loss_dict["vsd_loss"]) == 0.0
+    assert float(loss_dict[key]) == 0.0
     loss_dict["total_loss"].backward()
     assert not grads(model.net)
 

@@ -77,6 +77,8 @@ class DMD2ModelConfig(DistillModelConfig):
     regression_num_pairs: int = 1024
     regression_batch_size: Optional[int] = None  # None: the data batch size
     regression_seed: int = 0
+    # SiD only (fastgen.methods.sid): alpha of SiD's generator loss (Zhou et al. 2024; the paper uses 1.2).
+    sid_alpha: float = 1.2
     # f-distill only (fastgen.methods.f_distill): the divergence whose gradient weights the VSD term.
     f_divergence: Literal["reverse_kl", "forward_kl", "js", "jeffreys", "squared_hellinger"] = "js"
     f_weight_clip: float = 10.0  # the normalised weights are clipped to [0, f_weight_clip]
