@@ -83,6 +83,12 @@ def frozen(*modules: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
+def denoising_gap(x: torch.Tensor, d_real: torch.Tensor) -> torch.Tensor:
+    """``mean_{C,H,W} |x - D_real(x_t)|`` per sample, in float32 and at least 1e-6: the normaliser of DMD's gradient
+    (DMD Eq. 8), which SiD's loss shares, so the step size does not depend on how far the teacher's estimate is."""
+    return (x - d_real).abs().float().flatten(1).mean(dim=1).clamp_min(1e-6)
+
+
 class DMD2Model(DistillationModel):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -255,7 +261,7 @@ class DMD2Model(DistillationModel):
         with torch.no_grad():
             d_real = self.teacher_x0(x_t, t, cond_rep)
             d_fake = self.fake_score(x_t, t, condition=cond_rep, fwd_pred_type="x0")
-            normaliser = (x_rep - d_real).abs().float().flatten(1).mean(dim=1).clamp_min(1e-6)
+            normaliser = denoising_gap(x_rep, d_real)
             weight = self.vsd_weight(x_rep, x_t, t, d_real, d_fake, cond_rep) / normaliser
             grad = torch.nan_to_num((d_fake - d_real).float() * weight.view(-1, *([1] * (x.dim() - 1))))
             grad = grad.view(self.config.vsd_num_noise, *x.shape).mean(dim=0)

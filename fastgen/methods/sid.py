@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from fastgen.methods.dmd2 import DMD2Model, frozen
+from fastgen.methods.dmd2 import DMD2Model, denoising_gap, frozen
 
 
 class SiDModel(DMD2Model):
@@ -40,8 +40,7 @@ class SiDModel(DMD2Model):
             d_fake = self.fake_score(x_t, t, condition=cond_rep, fwd_pred_type="x0").float()
         x_rep = x_rep.float()
         with torch.no_grad():
-            normaliser = (x_rep - d_real).abs().flatten(1).mean(dim=1).clamp_min(1e-6)
-            normaliser = normaliser.view(-1, *([1] * (x.dim() - 1)))
+            normaliser = denoising_gap(x_rep, d_real).view(-1, *([1] * (x.dim() - 1)))
         difference = d_real - d_fake
         per_element = difference * ((d_real - x_rep) - self.config.sid_alpha * difference) / normaliser
         loss = torch.nan_to_num(per_element).mean()

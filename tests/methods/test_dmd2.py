@@ -20,8 +20,13 @@ from fastgen.trainer import Trainer
 from fastgen.utils.errors import ConfigError
 
 
-def toy_dmd2(gan: bool = False, **model: object) -> BaseConfig:
+DMD2 = "fastgen.methods.dmd2.DMD2Model"
+SID = "fastgen.methods.sid.SiDModel"  # DMD2 with SiD's generator loss: every shared behaviour is tested for both
+
+
+def toy_dmd2(gan: bool = False, method: str = DMD2, **model: object) -> BaseConfig:
     config = dmd2_config()
+    config.model_class = LazyCall(method)()
     config.model.net = toy_mlp(hidden_dim=32, num_layers=2)
     config.model.input_shape = [2]
     config.model.gan_loss_weight_gen = 0.1 if gan else 0.0
@@ -65,9 +70,10 @@ def perturb(module: torch.nn.Module) -> None:
             p.add_(0.05 * torch.randn_like(p))
 
 
+@pytest.mark.parametrize("method", [DMD2, SID])
 @pytest.mark.parametrize("gan", [False, True])
-def test_student_iteration_trains_only_the_student(gan: bool) -> None:
-    model = build(toy_dmd2(gan=gan))
+def test_student_iteration_trains_only_the_student(gan: bool, method: str) -> None:
+    model = build(toy_dmd2(gan=gan, method=method))
     perturb(model.fake_score)  # a fake score equal to the teacher gives a zero DMD gradient
     loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=0)
     loss_dict["total_loss"].backward()
@@ -79,9 +85,10 @@ def test_student_iteration_trains_only_the_student(gan: bool) -> None:
     assert model.get_optimizers(0) == ["net"]
 
 
+@pytest.mark.parametrize("method", [DMD2, SID])
 @pytest.mark.parametrize("gan", [False, True])
-def test_critic_iteration_trains_fake_score_and_discriminator_only(gan: bool) -> None:
-    model = build(toy_dmd2(gan=gan))
+def test_critic_iteration_trains_fake_score_and_discriminator_only(gan: bool, method: str) -> None:
+    model = build(toy_dmd2(gan=gan, method=method))
     loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=1)
     loss_dict["total_loss"].backward()
     assert grads(model.fake_score) and not grads(model.net) and not grads(model.teacher)
@@ -156,12 +163,9 @@ def test_dmd_gradient_averages_several_noisings_per_sample() -> None:
         build(toy_dmd2(vsd_num_noise=0))
 
 
-@pytest.mark.parametrize(("model_class", "key"), [("fastgen.methods.dmd2.DMD2Model", "vsd_loss"),
-                                                  ("fastgen.methods.sid.SiDModel", "sid_loss")])
-def test_fake_score_equal_to_teacher_gives_zero_dmd_gradient(model_class: str, key: str) -> None:
-    config = toy_dmd2()
-    config.model_class = LazyCall(model_class)()
-    model = build(config)
+@pytest.mark.parametrize(("method", "key"), [(DMD2, "vsd_loss"), (SID, "sid_loss")])
+def test_fake_score_equal_to_teacher_gives_zero_dmd_gradient(method: str, key: str) -> None:
+    model = build(toy_dmd2(method=method))
     loss_dict, _ = model.single_train_step({"real": torch.randn(16, 2)}, iteration=0)
     assert float(loss_dict[key]) == 0.0
     loss_dict["total_loss"].backward()
