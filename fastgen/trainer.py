@@ -228,6 +228,9 @@ class Trainer:
         if ckpt_cfg.pretrained_ckpt_path:
             payload = load_checkpoint(ckpt_cfg.pretrained_ckpt_path)
             self._restore_modules(model, payload, ckpt_cfg.pretrained_ckpt_path, allow_missing=True)
+            for name, ema in getattr(model, "ema_nets", {}).items():
+                if name not in payload.get("model", {}):  # an EMA the checkpoint lacks starts from the loaded net
+                    ema.load_state_dict(model.net.state_dict())
             logger.info("initialised weights from %s", ckpt_cfg.pretrained_ckpt_path)
             return ckpt_cfg.pretrained_ckpt_path, None
         return None, None

@@ -6,6 +6,8 @@ What it adds to ``FastGenModel``:
 * ``teacher`` - a frozen ``DiffusionNet`` (``config.teacher``, default the architecture of ``net``) loaded from
   ``config.teacher_ckpt`` in ``init_weights()`` (fresh runs only; a resumed run restores it from the checkpoint,
   which stores the teacher so that a run directory is self-contained and ``fastgen sample --teacher`` works);
+  the student starts as the teacher's copy, or from ``config.student_ckpt`` (another run's network, e.g. a KD
+  student for DMD2 to refine);
   methods that can also learn from data alone return False from ``uses_teacher()`` in that mode (consistency
   training, MeanFlow): then ``teacher`` is None and ``teacher_ckpt`` only initialises the student;
 * ``teacher_x0(x_t, t, condition)`` - the teacher's denoised estimate with classifier-free guidance
@@ -28,15 +30,15 @@ from torch import nn
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.model import FastGenModel
 from fastgen.networks.layers import as_one_hot
-from fastgen.utils.errors import CheckpointError
+from fastgen.utils.errors import CheckpointError, UsageError
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
 
-def load_teacher_state(path: str, key: str = "auto") -> dict[str, torch.Tensor]:
-    """The teacher's state dict from a fastgen checkpoint (module ``key``; ``auto`` prefers the first EMA
-    network, which is what a trained diffusion model is evaluated with) or from a bare state-dict file."""
+def load_network_state(path: str, key: str = "auto") -> dict[str, torch.Tensor]:
+    """A network's state dict from a fastgen checkpoint (module ``key``; ``auto`` prefers the first EMA network,
+    which is what a trained model is evaluated with) or from a bare state-dict file: teachers, initial students."""
     from fastgen.utils.checkpointer import load_checkpoint
 
     modules = load_checkpoint(path).get("model", {})
@@ -44,7 +46,7 @@ def load_teacher_state(path: str, key: str = "auto") -> dict[str, torch.Tensor]:
         ema_keys = [name for name in modules if name.startswith("ema")]
         key = ema_keys[0] if ema_keys else "net"
     if key not in modules:
-        raise CheckpointError(f"teacher checkpoint {path} has no module {key!r} (it has: {', '.join(modules) or 'none'})")
+        raise CheckpointError(f"checkpoint {path} has no module {key!r} (it has: {', '.join(modules) or 'none'})")
     return modules[key]
 
 
@@ -90,15 +92,16 @@ class DistillationModel(FastGenModel):
         if self.teacher is None:  # no teacher in this mode: its checkpoint, if any, only initialises the student
             if path and self.config.student_init_from_teacher:
                 try:
-                    self.net.load_state_dict(load_teacher_state(path, self.config.teacher_ckpt_key))
+                    self.net.load_state_dict(load_network_state(path, self.config.teacher_ckpt_key))
                 except RuntimeError as exc:
                     raise CheckpointError(f"weights in {path} do not fit model.net: "
                                           f"{str(exc).strip().splitlines()[0][:300]}") from None
                 logger.info("initialised the student from %s", path)
+            self.load_student_ckpt()
             self.sync_ema_to_net()
             return
         if path:
-            state = load_teacher_state(path, self.config.teacher_ckpt_key)
+            state = load_network_state(path, self.config.teacher_ckpt_key)
             try:
                 self.teacher.load_state_dict(state)
             except RuntimeError as exc:
@@ -113,7 +116,30 @@ class DistillationModel(FastGenModel):
             except RuntimeError:
                 raise CheckpointError("model.student_init_from_teacher needs the student and the teacher to have "
                                       "the same architecture; set it to false or make model.teacher match model.net") from None
+        self.load_student_ckpt()
         self.sync_ema_to_net()
+
+    def load_student_ckpt(self) -> None:
+        """Overwrite the student with ``config.student_ckpt`` when set: a checkpoint file, a checkpoints folder or a
+        run directory (newest checkpoint), module ``config.student_ckpt_key``. Starting a distillation from a
+        student that already follows the teacher's ODE map (KD) keeps DMD's mode-seeking gradient from having to
+        build that map itself."""
+        source = getattr(self.config, "student_ckpt", None)
+        if not source:
+            return
+        from fastgen.evaluation.sampling import find_checkpoint
+
+        try:
+            path, _ = find_checkpoint(source)
+        except UsageError as exc:
+            raise UsageError(f"model.student_ckpt: {exc} (train the run it names first, or point it at another "
+                             "checkpoint, checkpoints folder or run directory)") from None
+        try:
+            self.net.load_state_dict(load_network_state(str(path), self.config.student_ckpt_key))
+        except RuntimeError as exc:
+            raise CheckpointError(f"weights in {path} do not fit model.net: "
+                                  f"{str(exc).strip().splitlines()[0][:300]}") from None
+        logger.info("initialised the student from %s", path)
 
     # ---- the teacher ------------------------------------------------------------------------------------------
     def teacher_x0(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,

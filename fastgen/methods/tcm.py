@@ -36,7 +36,7 @@ from torch import nn
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.cm import CMModel
 from fastgen.methods.cm_utils import as_tensor_dict, batch_mask
-from fastgen.methods.distill import load_teacher_state
+from fastgen.methods.distill import load_network_state
 from fastgen.utils.errors import CheckpointError, ConfigError
 from fastgen.utils.logging import get_logger
 
@@ -96,7 +96,7 @@ class TCMModel(CMModel):
         path = self.config.stage1_ckpt
         if not path:
             raise ConfigError("model.tcm_stage=2 needs model.stage1_ckpt (a checkpoint of the stage-1 run)")
-        state = load_teacher_state(path, self.config.stage1_ckpt_key)
+        state = load_network_state(path, self.config.stage1_ckpt_key)
         try:
             self.stage1_net.load_state_dict(state)
             self.net.load_state_dict(state)

@@ -426,13 +426,21 @@ def test_discriminator_on_teacher_features_leaves_the_fake_score_to_denoising() 
     assert grads(model.net) and not grads(model.discriminator) and not grads(model.teacher)
 
 
-def test_long_digits_recipe_decays_every_learning_rate_to_a_tenth_by_its_last_iteration() -> None:
-    """``Digits/config_dmd2_digits_long``: each module's scheduler spans exactly the updates that module gets in
-    ``max_iter`` iterations, so every learning rate reaches 0.1x on the run's last iteration, not before or after."""
+@pytest.mark.parametrize(("recipe", "max_iter"), [("Digits/config_dmd2_digits_long", 15000),
+                                                   ("Digits/config_dmd2_digits_kdinit", 4000)])
+def test_long_digits_recipe_decays_every_learning_rate_to_a_tenth_by_its_last_iteration(recipe: str,
+                                                                                         max_iter: int) -> None:
+    """``Digits/config_dmd2_digits_long`` and the same started from a KD student: each module's scheduler spans
+    exactly the updates that module gets in ``max_iter`` iterations, so every learning rate reaches 0.1x on the
+    run's last iteration, not before or after."""
     from fastgen.configs.config_utils import load_config, validate_config
+    from fastgen.configs.experiments.Digits.config_dmd2_digits_kdinit import kd_run_dir
 
-    config = validate_config(load_config("Digits/config_dmd2_digits_long"))
-    assert config.trainer.max_iter == 15000
+    config = validate_config(load_config(recipe))
+    assert config.trainer.max_iter == max_iter
+    if recipe.endswith("kdinit"):  # the KD recipe's run directory, which this test has not trained
+        assert config.model.student_ckpt == kd_run_dir() and kd_run_dir().endswith("fastgen/digits/config_kd_digits")
+        config.model.student_ckpt = None
     assert config.trainer.callbacks.ema.type == "power" and config.trainer.callbacks.ema.gamma == 6.94
     assert list(config.model.feature_indices) == [0, 1, 3] and config.model.discriminator_hidden == 128
     model = build(config)

@@ -41,17 +41,19 @@ def linear_decay(updates: int) -> DictConfig:
                                                          total_iters=updates)
 
 
-def create_config() -> BaseConfig:
+def create_config(max_iter: int | None = None) -> BaseConfig:
+    """The recipe decayed over ``max_iter`` iterations (default ``MAX_ITER``); recipes built on it pass their own."""
+    max_iter = max_iter or MAX_ITER
     config = quickstart_config()
-    config.trainer.max_iter = MAX_ITER
+    config.trainer.max_iter = max_iter
     config.trainer.callbacks.ema.type = "power"
     config.trainer.callbacks.ema.gamma = POWER_EMA_GAMMA
     config.model.gan_loss_weight_gen = 0.3
     config.model.r1_weight = 1.0
     config.model.feature_indices = [0, 1, 3]
     config.model.discriminator_hidden = 128
-    student_updates = MAX_ITER // config.model.student_update_freq
+    student_updates = max_iter // config.model.student_update_freq
     config.model.net_scheduler = linear_decay(student_updates)
-    config.model.fake_score_scheduler = linear_decay(MAX_ITER - student_updates)
-    config.model.discriminator_scheduler = linear_decay(MAX_ITER - student_updates)
+    config.model.fake_score_scheduler = linear_decay(max_iter - student_updates)
+    config.model.discriminator_scheduler = linear_decay(max_iter - student_updates)
     return config
