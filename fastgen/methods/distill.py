@@ -36,6 +36,17 @@ from fastgen.utils.logging import get_logger
 logger = get_logger(__name__)
 
 
+def load_weights(module: nn.Module, state: dict[str, torch.Tensor], path: object, target: str,
+                 what: str = "weights") -> None:
+    """``module.load_state_dict(state)``, or a one-line CheckpointError that names the file, the config field the
+    module comes from (``target``) and the first line of torch's mismatch report, instead of its full dump."""
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{what} in {path} do not fit {target}: "
+                              f"{str(exc).strip().splitlines()[0][:300]}") from None
+
+
 def load_network_state(path: str, key: str = "auto") -> dict[str, torch.Tensor]:
     """A network's state dict from a fastgen checkpoint (module ``key``; ``auto`` prefers the first EMA network,
     which is what a trained model is evaluated with) or from a bare state-dict file: teachers, initial students."""
@@ -91,22 +102,14 @@ class DistillationModel(FastGenModel):
         path = self.config.teacher_ckpt
         if self.teacher is None:  # no teacher in this mode: its checkpoint, if any, only initialises the student
             if path and self.config.student_init_from_teacher:
-                try:
-                    self.net.load_state_dict(load_network_state(path, self.config.teacher_ckpt_key))
-                except RuntimeError as exc:
-                    raise CheckpointError(f"weights in {path} do not fit model.net: "
-                                          f"{str(exc).strip().splitlines()[0][:300]}") from None
+                load_weights(self.net, load_network_state(path, self.config.teacher_ckpt_key), path, "model.net")
                 logger.info("initialised the student from %s", path)
             self.load_student_ckpt()
             self.sync_ema_to_net()
             return
         if path:
-            state = load_network_state(path, self.config.teacher_ckpt_key)
-            try:
-                self.teacher.load_state_dict(state)
-            except RuntimeError as exc:
-                raise CheckpointError(f"teacher weights in {path} do not fit model.teacher: "
-                                      f"{str(exc).strip().splitlines()[0][:300]}") from None
+            load_weights(self.teacher, load_network_state(path, self.config.teacher_ckpt_key), path, "model.teacher",
+                         what="teacher weights")
             logger.info("loaded the teacher from %s", path)
         else:
             logger.warning("model.teacher_ckpt is not set: distilling a randomly initialised teacher")
@@ -134,11 +137,7 @@ class DistillationModel(FastGenModel):
         except UsageError as exc:
             raise UsageError(f"model.student_ckpt: {exc} (train the run it names first, or point it at another "
                              "checkpoint, checkpoints folder or run directory)") from None
-        try:
-            self.net.load_state_dict(load_network_state(str(path), self.config.student_ckpt_key))
-        except RuntimeError as exc:
-            raise CheckpointError(f"weights in {path} do not fit model.net: "
-                                  f"{str(exc).strip().splitlines()[0][:300]}") from None
+        load_weights(self.net, load_network_state(str(path), self.config.student_ckpt_key), path, "model.net")
         logger.info("initialised the student from %s", path)
 
     # ---- the teacher ------------------------------------------------------------------------------------------

@@ -36,8 +36,8 @@ from torch import nn
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.cm import CMModel
 from fastgen.methods.cm_utils import as_tensor_dict, batch_mask
-from fastgen.methods.distill import load_network_state
-from fastgen.utils.errors import CheckpointError, ConfigError
+from fastgen.methods.distill import load_network_state, load_weights
+from fastgen.utils.errors import ConfigError
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -97,12 +97,8 @@ class TCMModel(CMModel):
         if not path:
             raise ConfigError("model.tcm_stage=2 needs model.stage1_ckpt (a checkpoint of the stage-1 run)")
         state = load_network_state(path, self.config.stage1_ckpt_key)
-        try:
-            self.stage1_net.load_state_dict(state)
-            self.net.load_state_dict(state)
-        except RuntimeError as exc:
-            raise CheckpointError(f"stage-1 weights in {path} do not fit model.net: "
-                                  f"{str(exc).strip().splitlines()[0][:300]}") from None
+        for module in (self.stage1_net, self.net):
+            load_weights(module, state, path, "model.net", what="stage-1 weights")
         self.sync_ema_to_net()
         logger.info("TCM stage 2: boundary model and initial weights from %s (t' = %g)", path, self.config.t_prime)
 

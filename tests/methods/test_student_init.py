@@ -31,12 +31,12 @@ def trained_run(name: str, max_iter: int = 4) -> Path:
     return trainer.run_dir
 
 
-def same(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> bool:
-    return all(torch.equal(value, state[key]) for key, value in module.state_dict().items())
-
-
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return all(torch.equal(a[key], b[key]) for key in a)
+
+
+def same(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> bool:
+    return same_weights(module.state_dict(), state)
 
 
 def test_student_starts_from_another_runs_network() -> None:
