@@ -173,13 +173,14 @@ class Trainer:
         dist_utils.barrier()
 
     def _discard_unused_run_dir(self) -> None:
-        """A run that stopped on bad input (a ``UsageError``, e.g. a config value the method rejects) before its
-        first iteration leaves no run directory behind, if this call created it: its config.yaml would describe a
-        run that never happened, and the corrected command would "resume" it. The project and group folders this
-        call created for it go too, so a typo leaves no empty folders in the output root."""
+        """A run that stopped on bad input before its first iteration leaves no run directory behind, if this call
+        created it: its config.yaml would describe a run that never happened, and the corrected command would
+        "resume" it. Bad input is a ``UsageError`` (e.g. a config value the method rejects) or a ``CheckpointError``
+        (e.g. a ``teacher_ckpt`` or ``student_ckpt`` whose weights do not fit the configured network). The project
+        and group folders this call created for it go too, so a typo leaves no empty folders in the output root."""
         created = self._created_output_dir
-        if not (created is not None and isinstance(self.exception, UsageError) and self.iteration == 0
-                and self.last_checkpoint is None):
+        bad_input = isinstance(self.exception, (UsageError, CheckpointError))
+        if not (created is not None and bad_input and self.iteration == 0 and self.last_checkpoint is None):
             return
         import shutil
 

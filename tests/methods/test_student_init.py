@@ -76,6 +76,20 @@ def test_a_missing_student_ckpt_leaves_no_run_directory(tmp_path: Path) -> None:
     assert not trainer.run_dir.exists()
 
 
+@pytest.mark.parametrize("field", ["student_ckpt", "teacher_ckpt"])
+def test_weights_that_do_not_fit_leave_no_run_directory(field: str) -> None:
+    """A fresh run whose student or teacher checkpoint does not fit the configured network stops before its first
+    iteration (a one-line CheckpointError) and, like a typo, leaves no config.yaml of a run that never happened."""
+    source = trained_run("wider_source")
+    checkpoint = source / "checkpoints" / "0000004.pth"
+    config = toy_dmd2(net=toy_mlp(hidden_dim=48, num_layers=2), **{field: str(checkpoint)})
+    config.log_config.name = "does_not_fit"
+    trainer = Trainer(config)
+    with pytest.raises(CheckpointError, match="do not fit model"):
+        trainer.run()
+    assert not trainer.run_dir.exists() and source.exists()
+
+
 def test_pretrained_checkpoint_without_an_ema_starts_the_ema_from_the_loaded_net(tmp_path: Path) -> None:
     source = build(toy_dmd2())
     with torch.no_grad():
