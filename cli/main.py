@@ -67,6 +67,14 @@ def main(argv: list[str] | None = None) -> None:
     debug = os.environ.get("FASTGEN_DEBUG") == "1"
     try:
         app(args=argv, prog_name="fastgen")
+    except SystemExit as exc:
+        # Typer turns Ctrl-C (KeyboardInterrupt) inside a command into a silent exit 130; say what happened.
+        # A run that was starting has already removed what it created (fastgen.trainer).
+        if exc.code == 130:
+            from fastgen.cli.common import print_error
+
+            print_error("interrupted (Ctrl-C)")
+        raise
     except FastGenError as exc:
         if debug:
             raise

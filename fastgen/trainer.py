@@ -56,8 +56,8 @@ from fastgen.callbacks.callback import Callback, CallbackDict
 from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
 from fastgen.utils import distributed as dist_utils
-from fastgen.utils.checkpointer import FORMAT, Checkpointer, load_checkpoint
-from fastgen.utils.errors import CheckpointError, ConfigError, TrainingInterrupted, UsageError
+from fastgen.utils.checkpointer import FORMAT, Checkpointer, CorruptCheckpointError, load_checkpoint
+from fastgen.utils.errors import CheckpointError, ConfigError, TrainingInterrupted
 from fastgen.utils.logging import get_logger
 from fastgen.utils.rng import capture_rng_state, restore_rng_state, seed_everything
 from fastgen.utils.schedules import warn_on_schedule_length_mismatches
@@ -73,6 +73,34 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(v, device) for v in batch)
     return batch
+
+
+def _log_modules(model: Any) -> None:
+    """DEBUG: every network the method built - parameters, trainable, device, dtype."""
+    if not logger.isEnabledFor(10):
+        return
+    for name, module in model.named_modules():
+        if name.count(".") > (1 if name.startswith("ema_nets.") else 0) or not name or name == "ema_nets":
+            continue
+        params = list(module.parameters())
+        if not params:
+            continue
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        logger.debug("module %s: %s, %s parameters (%s trainable), %s, %s", name, type(module).__name__,
+                     f"{sum(p.numel() for p in params):,}", f"{trainable:,}", params[0].device, params[0].dtype)
+
+
+def _log_optimizers(model: Any) -> None:
+    """DEBUG: each optimizer's type and parameter groups, and its scheduler."""
+    if not logger.isEnabledFor(10):
+        return
+    for name, optimizer in model.optimizer_dict.items():
+        groups = "; ".join(
+            f"group {i}: {sum(p.numel() for p in g['params']):,} parameters, lr {g.get('lr')}"
+            for i, g in enumerate(optimizer.param_groups))
+        scheduler = model.scheduler_dict.get(name)
+        logger.debug("optimizer %s: %s (%s)%s", name, type(optimizer).__name__, groups,
+                     f", scheduler {type(scheduler).__name__}" if scheduler is not None else "")
 
 
 class Trainer:
@@ -106,6 +134,8 @@ class Trainer:
         for name, callback in (extra_callbacks or {}).items():
             self.callbacks.add(name, callback)
         self.callbacks.bind(config, self)
+        for name, callback in self.callbacks.items():
+            logger.debug("callback %s: %s.%s", name, type(callback).__module__, type(callback).__qualname__)
 
     # ---- API for callbacks -------------------------------------------------------------------------------
     def skip_step(self, reason: str) -> None:
@@ -137,6 +167,7 @@ class Trainer:
             cb.on_model_init_end(model)
             cb.on_optimizer_init_start(model)
             model.init_optimizers()
+            _log_optimizers(model)
             warn_on_schedule_length_mismatches(model, self.config.trainer.max_iter)
             cb.on_optimizer_init_end(model)
             cb.on_load_checkpoint_start(model)
@@ -148,6 +179,8 @@ class Trainer:
             if payload is not None:
                 restore_rng_state(payload["rng"][dist_utils.get_rank() % len(payload["rng"])])
             del payload
+            cb.on_train_begin(model, iteration=self.iteration)
+            self._write_config_yaml()
             with self._stop_on_signals():
                 self._train(model)
             return model
@@ -159,8 +192,8 @@ class Trainer:
             self._discard_unused_run_dir()
 
     def prepare_run_dir(self) -> None:
-        """Check the run directory is writable, then write the resolved ``config.yaml`` (secrets redacted)."""
-        from fastgen.configs.config_utils import save_config_yaml
+        """Create the run and checkpoint folders and prove they are writable (rank 0). ``config.yaml`` is written
+        later, once start-up has succeeded (``_write_config_yaml``)."""
         from fastgen.utils.env import load_credentials
         from fastgen.utils.io import check_writable_dir, outermost_missing_folder
 
@@ -169,18 +202,28 @@ class Trainer:
             self._created_output_dir = outermost_missing_folder(self.run_dir)
             check_writable_dir(self.run_dir)
             check_writable_dir(self.checkpointer.save_dir)
-            save_config_yaml(self.config, self.run_dir / "config.yaml")
+            logger.debug("run directory %s (%s); checkpoints in %s", self.run_dir.resolve(),
+                         "new" if self._created_output_dir is not None else "exists", self.checkpointer.save_dir)
         dist_utils.barrier()
 
+    def _write_config_yaml(self) -> None:
+        """Write the resolved ``config.yaml`` (secrets redacted) once start-up has succeeded: a run that fails to
+        start - a resume whose checkpoint does not load, a W&B login that fails - leaves the existing run's
+        ``config.yaml`` as it was."""
+        if dist_utils.is_rank0():
+            from fastgen.configs.config_utils import save_config_yaml
+
+            save_config_yaml(self.config, self.run_dir / "config.yaml")
+
     def _discard_unused_run_dir(self) -> None:
-        """A run that stopped on bad input before its first iteration leaves no run directory behind, if this call
-        created it: its config.yaml would describe a run that never happened, and the corrected command would
-        "resume" it. Bad input is a ``UsageError`` (e.g. a config value the method rejects) or a ``CheckpointError``
-        (e.g. a ``teacher_ckpt`` or ``student_ckpt`` whose weights do not fit the configured network). The project
-        and group folders this call created for it go too, so a typo leaves no empty folders in the output root."""
+        """A run that fails before its first iteration - bad input, a failed W&B login, Ctrl-C during start-up,
+        any exception - leaves no run directory behind, if this call created it: its half-made folders would
+        describe a run that never happened, and the corrected command would "resume" it. The project and group
+        folders this call created for it go too, so a typo leaves no empty folders in the output root. A run
+        directory that existed before (a resume) is never removed."""
         created = self._created_output_dir
-        bad_input = isinstance(self.exception, (UsageError, CheckpointError))
-        if not (created is not None and bad_input and self.iteration == 0 and self.last_checkpoint is None):
+        if not (created is not None and self.exception is not None and self.iteration == self.start_iteration == 0
+                and self.last_checkpoint is None):
             return
         import shutil
 
@@ -213,14 +256,25 @@ class Trainer:
         model.train()
         for ema in getattr(model, "ema_nets", {}).values():
             ema.eval()
+        _log_modules(model)
         return model
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
     def _load_checkpoint(self, model: Any) -> tuple[str | None, dict[str, Any] | None]:
         ckpt_cfg = self.config.trainer.checkpointer
         latest = self.checkpointer.latest() if self.config.trainer.resume else None
+        if not self.config.trainer.resume:
+            logger.debug("trainer.resume=False: starting fresh, checkpoints in %s are ignored", self.checkpointer.save_dir)
+        elif latest is None:
+            logger.debug("no valid checkpoint in %s: starting fresh", self.checkpointer.save_dir)
+        else:
+            logger.debug("resuming from %s: the newest of %d valid checkpoint(s) in %s", latest.name,
+                         len(self.checkpointer.list()), self.checkpointer.save_dir)
         if latest is not None:
-            payload = load_checkpoint(latest)
+            try:
+                payload = load_checkpoint(latest)
+            except CorruptCheckpointError as exc:
+                raise CorruptCheckpointError(exc.path, exc.reason, self.checkpointer.previous_complete(latest)) from None
             self._restore(model, payload, latest)
             self.iteration = self.start_iteration = int(payload["iteration"])
             logger.info("resumed from %s (iteration %d)", latest, self.iteration)
@@ -329,7 +383,6 @@ class Trainer:
     def _train(self, model: Any) -> None:
         cfg = self.config.trainer
         cb = self.callbacks
-        cb.on_train_begin(model, iteration=self.iteration)
         if self.iteration >= cfg.max_iter:
             logger.info("nothing to do: the run already has %d of trainer.max_iter=%d iterations",
                         self.iteration, cfg.max_iter)

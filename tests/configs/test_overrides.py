@@ -414,7 +414,7 @@ def test_tilde_on_attrs_field_fails(toy):
 
 
 def test_overrides_then_validate(toy):
-    apply_overrides(toy, ["trainer.max_iter=10", "+dataloader_train.datatags=[a,b]", "model.net_optimizer.lr=2e-4"])
+    apply_overrides(toy, ["trainer.max_iter=10", "+dataloader_train.drop_last=false", "model.net_optimizer.lr=2e-4"])
     assert validate_config(toy) is toy
 
 

@@ -260,7 +260,7 @@ def test_eval_errors_are_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.Mon
     _one_line_error(fastgen(capsys, "eval", str(cifar), "--inception-weights", str(tmp_path / "no.pth")), "not found")
     not_npz = tmp_path / "bad.npz"
     not_npz.write_bytes(b"not a zip file")
-    _one_line_error(fastgen(capsys, "eval", str(not_npz)), "cannot read")
+    _one_line_error(fastgen(capsys, "eval", str(not_npz)), "bad.npz is not an .npz file")
     _one_line_error(fastgen(capsys, "eval", str(cifar), "--dataset", "digits"), "--dataset digits")
     _one_line_error(fastgen(capsys, "eval", str(cifar), "--dataset", "mnist"), "unknown dataset")
 
