@@ -59,6 +59,13 @@ from fastgen.utils import distributed as dist_utils
 from fastgen.utils.checkpointer import FORMAT, Checkpointer, CorruptCheckpointError, load_checkpoint
 from fastgen.utils.errors import CheckpointError, ConfigError, TrainingInterrupted
 from fastgen.utils.logging import get_logger
+from fastgen.utils.parallelize import (
+    full_optimizer_state_dict,
+    full_state_dict,
+    load_full_optimizer_state_dict,
+    load_full_state_dict,
+    set_gradient_sync,
+)
 from fastgen.utils.rng import capture_rng_state, restore_rng_state, seed_everything
 from fastgen.utils.schedules import warn_on_schedule_length_mismatches
 
@@ -73,6 +80,16 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(v, device) for v in batch)
     return batch
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as the one line the command line prints for it."""
+    from fastgen.utils.errors import FastGenError
+
+    text = " ".join(str(exc).split())
+    if isinstance(exc, FastGenError):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _log_modules(model: Any) -> None:
@@ -156,14 +173,24 @@ class Trainer:
 
     # ---- the run ---------------------------------------------------------------------------------------------
     def run(self) -> Any:
-        """Train; return the model. ``on_app_end`` runs even when training raises."""
+        """Train; return the model. ``on_app_end`` runs even when training raises.
+
+        Under a multi-rank launch the process group is joined first (``init_distributed``) and left at the end.
+        Rank 0 decides whether this is a fresh run or a resume (and from which checkpoint) and tells the others;
+        networks are built with the shared seed, so every rank starts from the same weights; data and noise
+        streams then differ per rank (noise is keyed by each sample's global index, see ``bind_batch``).
+        """
         cb = self.callbacks
-        self.prepare_run_dir()
-        seed_everything(self.config.trainer.seed + dist_utils.get_rank())
+        owns_group = not dist_utils.is_initialized()
+        self.mesh = dist_utils.init_distributed(self.config.trainer)
+        watch = dist_utils.FailureWatch(self._on_peer_failure).start()
         try:
+            self.prepare_run_dir()
+            seed_everything(self.config.trainer.seed)
             cb.on_app_begin()
+            resume_from = self._choose_checkpoint()
             cb.on_model_init_start()
-            model = self._build_model()
+            model = self._build_model(fresh=resume_from is None)
             cb.on_model_init_end(model)
             cb.on_optimizer_init_start(model)
             model.init_optimizers()
@@ -171,13 +198,15 @@ class Trainer:
             warn_on_schedule_length_mismatches(model, self.config.trainer.max_iter)
             cb.on_optimizer_init_end(model)
             cb.on_load_checkpoint_start(model)
-            checkpoint_path, payload = self._load_checkpoint(model)
+            checkpoint_path, payload = self._load_checkpoint(model, resume_from)
             cb.on_load_checkpoint_end(model, iteration=self.iteration, checkpoint_path=checkpoint_path)
             cb.on_dataloader_init_start(model)
             self._build_dataloaders(payload)
             cb.on_dataloader_init_end(model, dataloader_train=self.dataloader_train, dataloader_val=self.dataloader_val)
             if payload is not None:
                 restore_rng_state(payload["rng"][dist_utils.get_rank() % len(payload["rng"])])
+            elif dist_utils.get_world_size() > 1:
+                seed_everything(self.config.trainer.seed + dist_utils.get_rank())  # rank-local streams from here
             del payload
             cb.on_train_begin(model, iteration=self.iteration)
             self._write_config_yaml()
@@ -186,10 +215,20 @@ class Trainer:
             return model
         except BaseException as exc:
             self.exception = exc
+            if dist_utils.get_world_size() > 1:
+                dist_utils.report_failure(_one_line(exc), secondary=dist_utils.is_peer_failure(exc))
             raise
         finally:
+            watch.stop()
             cb.on_app_end()
             self._discard_unused_run_dir()
+            if owns_group:
+                dist_utils.teardown()
+
+    def _on_peer_failure(self, message: str) -> None:
+        """Another rank failed (``FailureWatch``): this one is likely blocked in a collective that will never
+        complete, so it ends at once with one line naming that rank; the run directory keeps its checkpoints."""
+        dist_utils.exit_on_peer_failure(message)
 
     def prepare_run_dir(self) -> None:
         """Create the run and checkpoint folders and prove they are writable (rank 0). ``config.yaml`` is written
@@ -250,26 +289,55 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _build_model(self) -> Any:
+    def _build_model(self, fresh: bool) -> Any:
+        """Build the method with the shared seed; on a fresh run load its initial weights (teacher, student init,
+        ``pretrained_ckpt_path``) while the networks are still whole; then replicate or shard them
+        (``fastgen.utils.parallelize``)."""
+        from fastgen.utils.parallelize import parallelize
+
         model = instantiate(self.config.model_class, config=self.config.model)
         model.to(self.device)
+        if fresh:
+            model.init_weights()
+            self._load_pretrained(model)
+        parallelize(model, self.config.trainer, self.mesh)
         model.train()
         for ema in getattr(model, "ema_nets", {}).values():
             ema.eval()
         _log_modules(model)
         return model
 
+    def _load_pretrained(self, model: Any) -> None:
+        path = self.config.trainer.checkpointer.pretrained_ckpt_path
+        if not path:
+            return
+        payload = load_checkpoint(path)
+        self._restore_modules(model, payload, path, allow_missing=True)
+        for name, ema in getattr(model, "ema_nets", {}).items():
+            if name not in payload.get("model", {}):  # an EMA the checkpoint lacks starts from the loaded net
+                ema.load_state_dict(model.net.state_dict())
+        logger.info("initialised weights from %s", path)
+
     # ---- checkpoints -----------------------------------------------------------------------------------------
-    def _load_checkpoint(self, model: Any) -> tuple[str | None, dict[str, Any] | None]:
-        ckpt_cfg = self.config.trainer.checkpointer
-        latest = self.checkpointer.latest() if self.config.trainer.resume else None
-        if not self.config.trainer.resume:
-            logger.debug("trainer.resume=False: starting fresh, checkpoints in %s are ignored", self.checkpointer.save_dir)
-        elif latest is None:
-            logger.debug("no valid checkpoint in %s: starting fresh", self.checkpointer.save_dir)
-        else:
-            logger.debug("resuming from %s: the newest of %d valid checkpoint(s) in %s", latest.name,
-                         len(self.checkpointer.list()), self.checkpointer.save_dir)
+    def _choose_checkpoint(self) -> Path | None:
+        """The checkpoint to resume from (``None``: a fresh run). Rank 0 looks and every rank gets its answer, so
+        all ranks resume from the same file even while another run writes into the folder."""
+        choice: Path | None = None
+        if dist_utils.is_rank0():
+            latest = self.checkpointer.latest() if self.config.trainer.resume else None
+            if not self.config.trainer.resume:
+                logger.debug("trainer.resume=False: starting fresh, checkpoints in %s are ignored",
+                             self.checkpointer.save_dir)
+            elif latest is None:
+                logger.debug("no valid checkpoint in %s: starting fresh", self.checkpointer.save_dir)
+            else:
+                logger.debug("resuming from %s: the newest of %d valid checkpoint(s) in %s", latest.name,
+                             len(self.checkpointer.list()), self.checkpointer.save_dir)
+            choice = latest
+        chosen = dist_utils.broadcast_object(None if choice is None else str(choice))
+        return None if chosen is None else Path(str(chosen))
+
+    def _load_checkpoint(self, model: Any, latest: Path | None) -> tuple[str | None, dict[str, Any] | None]:
         if latest is not None:
             try:
                 payload = load_checkpoint(latest)
@@ -279,16 +347,8 @@ class Trainer:
             self.iteration = self.start_iteration = int(payload["iteration"])
             logger.info("resumed from %s (iteration %d)", latest, self.iteration)
             return str(latest), payload
-        model.init_weights()
-        if ckpt_cfg.pretrained_ckpt_path:
-            payload = load_checkpoint(ckpt_cfg.pretrained_ckpt_path)
-            self._restore_modules(model, payload, ckpt_cfg.pretrained_ckpt_path, allow_missing=True)
-            for name, ema in getattr(model, "ema_nets", {}).items():
-                if name not in payload.get("model", {}):  # an EMA the checkpoint lacks starts from the loaded net
-                    ema.load_state_dict(model.net.state_dict())
-            logger.info("initialised weights from %s", ckpt_cfg.pretrained_ckpt_path)
-            return ckpt_cfg.pretrained_ckpt_path, None
-        return None, None
+        path = self.config.trainer.checkpointer.pretrained_ckpt_path
+        return (path or None), None
 
     def _restore_modules(self, model: Any, payload: dict[str, Any], path: Any, allow_missing: bool = False) -> None:
         modules = model.model_dict
@@ -298,7 +358,7 @@ class Trainer:
                     continue
                 raise CheckpointError(f"checkpoint {path} has weights for {name!r}, which this model does not have")
             try:
-                modules[name].load_state_dict(state)
+                load_full_state_dict(modules[name], state)
             except RuntimeError as exc:
                 first = str(exc).strip().splitlines()
                 raise CheckpointError(
@@ -311,9 +371,18 @@ class Trainer:
 
     def _restore(self, model: Any, payload: dict[str, Any], path: Path) -> None:
         self._restore_modules(model, payload, path)
+        trained = model.trainable_modules
         for name, optimizer in model.optimizer_dict.items():
             if name in payload.get("optimizers", {}):
-                optimizer.load_state_dict(payload["optimizers"][name])
+                state = payload["optimizers"][name]
+                if int(payload.get("version", 1)) < 2:  # version 1: the optimizer's own state_dict, by index
+                    optimizer.load_state_dict(state)
+                else:
+                    try:
+                        load_full_optimizer_state_dict(trained[name], optimizer, state)
+                    except ValueError as exc:
+                        raise CheckpointError(f"checkpoint {path}: optimizer {name!r} does not fit this model "
+                                              f"({exc})") from None
         for name, scheduler in model.scheduler_dict.items():
             if name in payload.get("schedulers", {}):
                 scheduler.load_state_dict(payload["schedulers"][name])
@@ -330,12 +399,14 @@ class Trainer:
     def save_checkpoint(self, model: Any) -> Path | None:
         cb = self.callbacks
         cb.on_save_checkpoint_start(model, iteration=self.iteration)
+        trained = model.trainable_modules
         payload = {
             "format": FORMAT,
-            "version": 1,
+            "version": 2,
             "iteration": self.iteration,
-            "model": {name: module.state_dict() for name, module in model.model_dict.items()},
-            "optimizers": {name: opt.state_dict() for name, opt in model.optimizer_dict.items()},
+            "model": {name: full_state_dict(module) for name, module in model.model_dict.items()},
+            "optimizers": {name: full_optimizer_state_dict(trained[name], opt)
+                           for name, opt in model.optimizer_dict.items()},
             "schedulers": {name: s.state_dict() for name, s in model.scheduler_dict.items()},
             "callbacks": self.callbacks.state_dict(),
             "dataloaders": {
@@ -392,11 +463,15 @@ class Trainer:
         optimizers = model.optimizer_dict
         schedulers = model.scheduler_dict
         window_start, window_iter = time.perf_counter(), self.iteration
+        distributed = dist_utils.get_world_size() > 1
         while self.iteration < cfg.max_iter:
             iteration = self.iteration
             cb.on_training_step_begin(model, iteration=iteration)
+            self.stepping = model.get_optimizers(iteration)
             loss_sums: dict[str, torch.Tensor] | None = {} if rounds > 1 else None
             for accum_iter in range(rounds):
+                if distributed:  # reduce gradients once per step, of the modules that step
+                    set_gradient_sync(model, self.stepping, final_round=accum_iter == rounds - 1)
                 data = _to_device(next(loader), device)
                 cb.on_training_accum_step_begin(model, data, iteration=iteration, accum_iter=accum_iter)
                 loss_dict, outputs = model.single_train_step(data, iteration)
@@ -411,7 +486,6 @@ class Trainer:
                             loss_sums[key] = loss_sums[key] + value if key in loss_sums else value
             if loss_sums is not None:
                 loss_dict = {key: value / rounds for key, value in loss_sums.items()}
-            self.stepping = model.get_optimizers(iteration)
             self._skip_reason = None
             cb.on_optimizer_step_begin(model, iteration=iteration)
             if self._skip_reason is None:
@@ -426,17 +500,23 @@ class Trainer:
             if self.iteration % cfg.logging_iter == 0 or self.iteration == cfg.max_iter:
                 now = time.perf_counter()
                 rate = (self.iteration - window_iter) / max(now - window_start, 1e-9)
-                loss_value = float(loss_dict["total_loss"].detach())
+                loss_value = float(dist_utils.all_reduce_mean(loss_dict["total_loss"].detach().float().clone()))
                 if not math.isfinite(loss_value):
                     logger.warning("iteration %d: total_loss is %s", self.iteration, loss_value)
-                logger.info("iteration %d/%d  loss %.4f  %.1f it/s", self.iteration, cfg.max_iter, loss_value, rate)
+                logger.info("iteration %d/%d  loss %.4f  %.1f it/s  %.0f samples/s", self.iteration, cfg.max_iter,
+                            loss_value, rate, rate * self.global_batch_size)
                 window_start, window_iter = now, self.iteration
             if cfg.validation_iter and self.dataloader_val is not None and self.iteration % cfg.validation_iter == 0:
                 self.validate(model)
             saved = self.iteration % cfg.save_ckpt_iter == 0 or self.iteration == cfg.max_iter
             if saved:
                 self.save_checkpoint(model)
-            if self._stop_signal is not None and self.iteration < cfg.max_iter:
+            stop = self._stop_signal is not None
+            if distributed:  # every rank stops at the same step, also when the signal reached only some
+                stop = dist_utils.any_rank(stop)
+                if stop and self._stop_signal is None:
+                    self._stop_signal = signal.SIGTERM
+            if stop and self.iteration < cfg.max_iter:
                 if not saved:
                     self.save_checkpoint(model)
                 name = signal.Signals(self._stop_signal).name

@@ -129,6 +129,17 @@ def flatten_parameters_(params: list[nn.Parameter]) -> torch.Tensor:
     return flat
 
 
+def _local_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors this rank stores: FSDP2 shards (DTensors) as their local shards. The EMA network is sharded
+    exactly like ``net`` (``fastgen.utils.parallelize``), so the two local shards line up element for element and
+    the update needs no communication - also for uneven shards, which are equally uneven in both."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed support
+        return tensors
+    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+
+
 class _FlatGroup(NamedTuple):
     dst: torch.Tensor  # the EMA network's buffer
     src: torch.Tensor  # the online network's buffer
@@ -281,10 +292,11 @@ class EMACallback(Callback):
             else:
                 group.dst.lerp_(group.src, weight)
         if plan.rest_dst:
+            dst, src = _local_tensors(plan.rest_dst), _local_tensors(plan.rest_src)
             if beta == 0.0:
-                torch._foreach_copy_(plan.rest_dst, plan.rest_src)
+                torch._foreach_copy_(dst, src)
             else:
-                torch._foreach_lerp_(plan.rest_dst, plan.rest_src, weight)
+                torch._foreach_lerp_(dst, src, weight)
         if plan.dst_buffers:
             torch._foreach_copy_(plan.dst_buffers, plan.src_buffers)
 

@@ -440,10 +440,41 @@ def validate_config(config: BaseConfig) -> BaseConfig:
             raise ConfigError(f"trainer.callbacks.{name} is not a LazyCall node (it needs a _target_)")
     if config.log_config.name is not None and ("/" in config.log_config.name or config.log_config.name in ("", ".", "..")):
         raise ConfigError(f"log_config.name must be a plain folder name, got {config.log_config.name!r}")
+    _refuse_what_is_not_built(config)
+    if t.ddp and t.fsdp:
+        raise ConfigError("trainer.ddp and trainer.fsdp are both set: choose one (ddp replicates the networks, fsdp "
+                          "shards them)")
+    if t.dist_timeout_s < 1:
+        raise ConfigError(f"trainer.dist_timeout_s must be positive, got {t.dist_timeout_s}")
+    if t.fsdp_shard_size is not None and t.fsdp_shard_size < 1:
+        raise ConfigError(f"trainer.fsdp_shard_size must be positive or null, got {t.fsdp_shard_size}")
     from fastgen.configs.checks import check_lazy_calls
 
     check_lazy_calls(config)
     return config
+
+
+# Fields the schema accepts (the reference system's names) whose feature is not built yet: a config that asks for
+# one is refused rather than silently ignored. (field path, value that means "off", what to do instead)
+NOT_BUILT: tuple[tuple[str, object, str], ...] = (
+    ("model.meta_init", False, "build on the real device (the default); rank 0 reading the weights and "
+                               "broadcasting them is planned"),
+    ("model.torch_compile_mode", None, "leave it null (eager)"),
+    ("model.pretrained_model_path", None, "start from weights with trainer.checkpointer.pretrained_ckpt_path or a "
+                                          "distillation method's model.teacher_ckpt"),
+    ("trainer.checkpointer.use_s3", False, "keep checkpoints on local or shared storage (trainer.checkpointer."
+                                           "save_dir)"),
+    ("trainer.checkpointer.s3_container", None, "keep checkpoints on local or shared storage"),
+)
+
+
+def _refuse_what_is_not_built(config: BaseConfig) -> None:
+    for path, off, instead in NOT_BUILT:
+        node: Any = config
+        for part in path.split("."):
+            node = getattr(node, part)
+        if node != off:
+            raise ConfigError(f"{path}={node!r} is not supported yet: {instead}")
 
 
 # ------------------------------------------------------------------------------------------- serialization

@@ -29,6 +29,11 @@ class DiffusionNet(nn.Module):
         self.noise_scheduler = noise_scheduler
         self._backbone_exits_early = "features_only" in inspect.signature(backbone.forward).parameters
 
+    def shard_units(self) -> list[nn.Module]:
+        """The blocks FSDP shards one by one (``fastgen.utils.parallelize``): the backbone's, if it lists any."""
+        units = getattr(self.backbone, "shard_units", None)
+        return list(units()) if callable(units) else []
+
     @property
     def native_pred_type(self) -> str:
         return self.noise_scheduler.native_pred_type

@@ -132,6 +132,10 @@ class FeatureDiscriminator(nn.Module):
         self.heads = nn.ModuleList(FeatureHead(int(shape[0]), spatial=len(shape) == 3, hidden=hidden,
                                                minibatch_std_group=minibatch_std_group) for shape in feature_shapes)
 
+    def shard_units(self) -> list[nn.Module]:
+        """Each head: FSDP's shard units."""
+        return list(self.heads)
+
     def forward(self, features: list[torch.Tensor], group: int | torch.Tensor | None = None) -> torch.Tensor:
         """``group`` overrides the minibatch-std grouping for this call: a group size, or a ``(B,)`` group index
         from ``minibatch_groups`` (which keeps real and generated samples, and classes, in separate groups)."""
