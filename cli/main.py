@@ -17,6 +17,7 @@ os.environ.setdefault("TYPER_USE_RICH", "0")
 
 import typer  # noqa: E402
 
+from fastgen.cli import check_ranks as check_ranks_cmd  # noqa: E402
 from fastgen.cli import dryrun as dryrun_cmd  # noqa: E402
 from fastgen.cli import env as env_cmd  # noqa: E402
 from fastgen.cli import eval as eval_cmd  # noqa: E402
@@ -58,6 +59,7 @@ env_cmd.register(app)
 profile_memory_cmd.register(app)
 sample_cmd.register(app)
 eval_cmd.register(app)
+check_ranks_cmd.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,6 +7,16 @@ from typing import List, Optional
 import typer
 
 from fastgen.cli.common import console, interactive, out, print_error, resolve_config, setup_logging
+from fastgen.cli.launching import (
+    PANEL,
+    launch_workers,
+    nnodes_option,
+    node_rank_option,
+    nproc_per_node_option,
+    rdzv_endpoint_option,
+    rdzv_id_option,
+    wants_launch,
+)
 
 EPILOG = """\b
 Examples:
@@ -57,29 +67,24 @@ def train(
         help="After training, score this many samples of the model (and of its teacher, when it distills one) "
         "with `fastgen eval`'s metrics (the teacher's scores are cached beside its checkpoint). "
         "Default: 5000 for the quick-start, 0 otherwise."),
-    nproc_per_node: Optional[int] = typer.Option(
-        None, "--nproc-per-node", "--nproc_per_node", show_default=False, rich_help_panel="Distributed",
-        help="Launch this many worker processes on this node through torchrun's agent (torch.distributed.run); "
-        "the config must set trainer.ddp or trainer.fsdp."),
-    nnodes: str = typer.Option("1", "--nnodes", rich_help_panel="Distributed", help="Number of nodes (N or MIN:MAX), as torchrun."),
-    node_rank: int = typer.Option(0, "--node-rank", "--node_rank", rich_help_panel="Distributed", help="This node's rank (multi-node)."),
-    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", "--rdzv_endpoint", show_default=False, rich_help_panel="Distributed",
-                                                help="HOST:PORT of node 0 for multi-node rendezvous."),
-    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", "--rdzv_id", show_default=False, rich_help_panel="Distributed",
-                                          help="Rendezvous id, as torchrun."),
-    max_restarts: int = typer.Option(0, "--max-restarts", "--max_restarts", rich_help_panel="Distributed",
+    nproc_per_node: Optional[int] = nproc_per_node_option("train"),
+    nnodes: str = nnodes_option(),
+    node_rank: int = node_rank_option(),
+    rdzv_endpoint: Optional[str] = rdzv_endpoint_option(),
+    rdzv_id: Optional[str] = rdzv_id_option(),
+    max_restarts: int = typer.Option(0, "--max-restarts", "--max_restarts", rich_help_panel=PANEL,
                                      help="Restart the workers this many times after a failure (they resume from the newest checkpoint)."),
 ) -> None:
     """Train or distill a model."""
     setup_logging(log_level)
     resolved = resolve_config(config, overrides)
-    if nproc_per_node is not None or nnodes != "1":
+    if wants_launch(nproc_per_node, nnodes):
         if dryrun:
             from fastgen.utils.errors import UsageError
 
             raise UsageError("--dryrun does not launch workers; use `fastgen dryrun --nproc-per-node N` for the "
                              "per-rank plan")
-        _launch(resolved, nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, rdzv_id, max_restarts)
+        launch_workers(resolved, nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, rdzv_id, max_restarts)
         return
     if dryrun:
         from fastgen.cli.dryrun import show_plan
@@ -106,39 +111,6 @@ def train(
 
             model = load_run(trainer.last_checkpoint, config=resolved, device=resolve_device("auto")).model
         _evaluate(model, resolved, eval_samples, trainer.run_dir)
-
-
-LAUNCHER_FLAGS = ("--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank", "--node_rank", "--rdzv-endpoint",
-                  "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--max-restarts", "--max_restarts")
-
-
-def worker_argv(argv: list[str]) -> list[str]:
-    """The command line without the launcher's flags: what each worker runs."""
-    out, skip = [], False
-    for token in argv:
-        if skip:
-            skip = False
-            continue
-        name = token.split("=", 1)[0]
-        if name in LAUNCHER_FLAGS:
-            skip = "=" not in token
-            continue
-        out.append(token)
-    return out
-
-
-def _launch(config, nproc_per_node: int, nnodes: str, node_rank: int, rdzv_endpoint, rdzv_id, max_restarts: int) -> None:  # noqa: ANN001
-    """Start the workers through torchrun's agent (fastgen.utils.launch) with this command minus the launch flags.
-    The config was resolved here first, so a bad config fails once, before any worker starts."""
-    from fastgen.cli.common import ARGV
-    from fastgen.utils.errors import ConfigError
-    from fastgen.utils.launch import launch, torchrun_args
-
-    if not (config.trainer.ddp or config.trainer.fsdp):
-        raise ConfigError("torchrun distributes training only when the config sets trainer.ddp or trainer.fsdp: add "
-                          "- trainer.ddp=True (replicate the model) or - trainer.fsdp=True (shard it)")
-    args = torchrun_args(nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_id, max_restarts)
-    launch(worker_argv(ARGV), args, nproc_per_node)
 
 
 QUICKSTART_EVAL_SAMPLES = 5000  # at 1,000 the same teacher's score moves by +-0.25 from seed to seed

@@ -14,12 +14,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from fastgen.callbacks.param_count import ParamCountCallback
-from fastgen.callbacks.rank_consistency import (
-    _DTYPE_CODES,
-    RankConsistencyCallback,
-    fingerprint_tensors,
-    tensor_fingerprint,
-)
+from fastgen.callbacks.rank_consistency import RankConsistencyCallback
+from fastgen.utils.fingerprint import _DTYPE_CODES, fingerprint_tensors, tensor_fingerprint
 from fastgen.trainer import Trainer
 from fastgen.utils.errors import FastGenRuntimeError
 from fastgen_testing import tiny_toy_config, exit_rank, free_port, join_ranks, shutdown_gloo
@@ -145,7 +141,7 @@ def test_fingerprint_swaps_of_common_values_and_edge_cases() -> None:
 def test_fingerprint_is_bounded_in_memory_for_a_large_tensor() -> None:
     # 4 chunks of the default size: the same result as the reference with the same chunking would give, and
     # the scratch does not grow with the tensor.
-    from fastgen.callbacks import rank_consistency as rc
+    from fastgen.utils import fingerprint as rc
 
     big = torch.randn(4 * 65536 + 11)
     before = {key: s.wide.numel() for key, s in rc._SCRATCH.items()}
