@@ -50,7 +50,7 @@ Examples:
 
 \b
   # a rank that hangs: give up after 20 s, with torch's own collective checks switched on
-  fastgen check-ranks -c Toy/config_sft_toy --nproc-per-node 2 --timeout 20 --detail - trainer.ddp=True
+  fastgen check-ranks -c Toy/config_sft_toy --nproc-per-node 2 --timeout 20 --detail - trainer.fsdp=True
 
 Tiers: 1 environment (python, torch, CUDA, NCCL, fastgen versions and the config's sha256, compared across
 ranks; host and device shown); 2 liveness (a monitored barrier after every rank has built the model and read the
@@ -73,7 +73,8 @@ def check_ranks(
         "directory) and loads as a resume would; its tensors are compared across ranks."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds rank 0 waits at the liveness barrier for the other ranks."),
     detail: bool = typer.Option(False, "--detail", help="Run the workers with TORCH_DISTRIBUTED_DEBUG=DETAIL (torch checks "
-                                "that the ranks' collectives match and logs more on a failure)."),
+                                "that the ranks' collectives match and logs more on a failure). Not for a DDP config "
+                                "on CPU, where torch's DDP crashes under DETAIL."),
     log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
     nproc_per_node: Optional[int] = nproc_per_node_option("check"),
     nnodes: str = nnodes_option(),
@@ -88,6 +89,10 @@ def check_ranks(
     if timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {timeout:g}")
     resolved = resolve_config(config, overrides)
+    if detail:
+        from fastgen.utils.rank_check import refuse_detail_with_gloo_ddp
+
+        refuse_detail_with_gloo_ddp(resolved)
     if wants_launch(nproc_per_node, nnodes):
         if checkpoint is not None and not os.path.exists(checkpoint):
             raise UsageError(f"--checkpoint {checkpoint}: no such file")

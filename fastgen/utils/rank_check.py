@@ -410,8 +410,9 @@ def compare_tier3(mine: _Tier3, group: Any) -> tuple[list[Finding], dict[str, in
     replicated = keep(gather_fingerprints(*mine.replicated, group=group))
     shards = keep(gather_fingerprints(*mine.shards, group=group))
     checkpoint = keep(gather_fingerprints(*mine.checkpoint, group=group))
-    compared = {"initial": len(mine.initial[0]), "replicated": len(mine.replicated[0]),
-                "shards": len(mine.shards[0]), "checkpoint": len(mine.checkpoint[0])}
+    compared = {kind: len(set().union(*(values for values in per_rank if values is not None)))
+                for kind, per_rank in (("initial", initial), ("replicated", replicated), ("shards", shards),
+                                       ("checkpoint", checkpoint))}
 
     def kind_of(name: str) -> str:
         return kinds.get(name, "tensor")
@@ -442,6 +443,18 @@ def _fingerprint_summary(compared: dict[str, int], checkpoint: str | None) -> st
     return ", ".join(parts)
 
 
+def refuse_detail_with_gloo_ddp(config: Any) -> None:
+    """Raise ``UsageError`` for ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` with a DDP config on CPU: torch's
+    ``DistributedDataParallel`` then crashes the process (SIGSEGV in ``c10d::Logger::set_env_variables``, seen
+    with torch 2.13 on a gloo group), so the check would end in a signal rather than a report."""
+    from fastgen.utils.parallelize import distributed_mode
+
+    if distributed_mode(config.trainer) == "ddp" and dist_utils.select_device(config.trainer.device).type == "cpu":
+        raise UsageError("--detail (TORCH_DISTRIBUTED_DEBUG=DETAIL) cannot check a DDP config on CPU: torch's "
+                         "DistributedDataParallel crashes (SIGSEGV) under DETAIL on a gloo group; run without "
+                         "--detail, or check the config with - trainer.fsdp=True")
+
+
 # ---- the whole check ----------------------------------------------------------------------------------------------------
 def _gloo_group(timeout_s: float) -> Any:
     """The group to run tiers 1-3's own collectives on: the default group under gloo, a gloo side group under
@@ -461,6 +474,8 @@ def run_rank_checks(config: Any, checkpoint: str | None = None, timeout_s: float
     """
     if timeout_s <= 0:
         raise UsageError(f"--timeout must be positive, got {timeout_s:g}")
+    if os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL":
+        refuse_detail_with_gloo_ddp(config)
     owns_group = not dist_utils.is_initialized()
     mesh = dist_utils.init_distributed(config.trainer)
     watch = dist_utils.FailureWatch(dist_utils.exit_on_peer_failure).start()

@@ -216,6 +216,7 @@ def test_two_gloo_ranks_identical_pass_drift_raises(tmp_path: Path) -> None:
         assert "ranks [0] have" in message and "ranks [1] have" in message
         assert "iteration 7" in message and "net.1.running_var" not in message
         assert result["sets"] is not None and "different sets" in result["sets"]
+        assert "ema.extra on ranks [1], not on [0]" in result["sets"]  # names what differs
     assert results[0]["drift"] == results[1]["drift"]  # every rank raises the same error
 
 
