@@ -94,10 +94,14 @@ def check_ranks(
 
         refuse_detail_with_gloo_ddp(resolved)
     if wants_launch(nproc_per_node, nnodes):
-        if checkpoint is not None and not os.path.exists(checkpoint):
-            raise UsageError(f"--checkpoint {checkpoint}: no such file")
+        if checkpoint is not None:  # workers would each find the same: say it once, before they start
+            from fastgen.utils.rank_check import check_checkpoint_path
+
+            check_checkpoint_path(checkpoint)
         if detail:
             os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"  # read by torch when a worker starts
+        else:  # the report names what failed: spare the C++ warnings of the store a stopped rank leaves behind
+            os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         launch_workers(resolved, nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, rdzv_id)
         return
     if detail and os.environ.get("TORCH_DISTRIBUTED_DEBUG") != "DETAIL":

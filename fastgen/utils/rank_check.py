@@ -42,6 +42,7 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,7 @@ DEFAULT_TIMEOUT_S = 60.0
 # A rank other than 0 waits this much longer than rank 0 at the barrier: rank 0 names the missing ranks first.
 _FOLLOWER_WAIT = (2.0, 30.0)  # (factor, seconds added)
 _GRACE_S = 1.5  # after rank 0 reports a stuck rank: time for the other ranks' FailureWatch to see it (3 polls)
+_REPORT_WAIT_S = 5.0  # a rank whose barrier failed looks this long for rank 0's report before naming rank 0
 
 
 @dataclass(frozen=True)
@@ -182,33 +184,74 @@ def liveness_barrier(group: Any, timeout_s: float) -> tuple[int, ...]:
     ``timeout_s`` (seen from rank 0), or ``(0,)`` on another rank when rank 0 itself never answered.
 
     Rank 0 reports the missing ranks through the store before returning, and waits a moment, so every other rank
-    (the stuck one included) stops through its ``FailureWatch``; a rank other than 0 whose barrier fails first
-    looks for that report for a while before it concludes that rank 0 is the missing one.
+    (the stuck one included) stops through its ``FailureWatch``. Another rank waits longer than rank 0
+    (``_FOLLOWER_WAIT``: rank 0 should be the one to name the missing ranks); see ``_follow``.
     """
     if dist_utils.get_world_size() == 1:
         return ()
-    rank = dist_utils.get_rank()
+    if dist_utils.get_rank() != 0:
+        return _follow(group, timeout_s)
+    try:
+        dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
+        return ()
+    except RuntimeError as exc:  # torch raises RuntimeError (DistError is one) naming the missing ranks
+        match = _MISSING_RANKS.search(str(exc))
+        if not match:
+            raise
+        missing = tuple(int(r) for r in match.group(1).replace(",", " ").split())
+        dist_utils.report_failure(stuck_message(missing, timeout_s))
+        time.sleep(_GRACE_S)
+        return missing
+
+
+def _follow(group: Any, timeout_s: float) -> tuple[int, ...]:
+    """A rank other than 0 at the barrier. Its side of gloo's monitored barrier does not give up while rank 0 is
+    away (its send to rank 0 waits on), so a timer ends this process when rank 0 has not come by the follower's
+    deadline. When the barrier fails early - rank 0 gave up on another rank - rank 0's report is in the store
+    (or about to be): this rank ends with it, or, without one after a few seconds, names rank 0."""
     factor, extra = _FOLLOWER_WAIT
-    wait = timeout_s if rank == 0 else factor * timeout_s + extra
+    wait = factor * timeout_s + extra
+    gave_up = threading.Event()
+    timer = threading.Timer(wait, _end_without_rank0, args=(timeout_s, gave_up))
+    timer.daemon = True
+    timer.start()
     try:
         dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=wait), wait_all_ranks=True)
         return ()
-    except RuntimeError as exc:  # torch raises RuntimeError (DistError is one) naming the ranks on rank 0
-        if rank == 0:
-            match = _MISSING_RANKS.search(str(exc))
-            missing = tuple(int(r) for r in match.group(1).replace(",", " ").split()) if match else ()
-            if not missing:
-                raise
-            dist_utils.report_failure(stuck_message(missing, timeout_s))
-            time.sleep(_GRACE_S)
-            return missing
-    deadline = time.monotonic() + timeout_s + extra
+    except RuntimeError:
+        if gave_up.is_set():  # the timer is ending this process (rank 0 went away because it told rank 0)
+            time.sleep(4 * _GRACE_S)
+    finally:
+        timer.cancel()
+    deadline = time.monotonic() + _REPORT_WAIT_S
+    own = f"rank {dist_utils.get_rank()}:"
     while time.monotonic() < deadline:
         message = dist_utils.reported_failure()
-        if message:
+        if message and not message.startswith(own):
             dist_utils.exit_on_peer_failure(message)  # rank 0 named the stuck rank(s): end with its line
         time.sleep(0.2)
+    _report_rank0_missing(timeout_s)
     return (0,)
+
+
+def _report_rank0_missing(timeout_s: float) -> None:
+    """Tell the agent (one line) and rank 0 (through the store: its FailureWatch ends it, if it can run)."""
+    dist_utils.report_failure(stuck_message((0,), timeout_s))
+    time.sleep(_GRACE_S)
+
+
+def _end_without_rank0(timeout_s: float, gave_up: threading.Event) -> None:
+    """The follower's timer: rank 0 never came to the barrier. The main thread is blocked in it, so end here."""
+    import sys
+
+    from fastgen.utils.launch import launched
+
+    gave_up.set()
+    _report_rank0_missing(timeout_s)
+    if not launched():
+        sys.stderr.write(f"error: rank {dist_utils.get_rank()}: {stuck_message((0,), timeout_s)}\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def stuck_message(ranks: tuple[int, ...], timeout_s: float) -> str:
@@ -241,15 +284,24 @@ def checkpoint_tensors(payload: Any, prefix: str = "") -> dict[str, torch.Tensor
     return out
 
 
+def check_checkpoint_path(path: str) -> Path:
+    """``path`` as a ``Path``; ``UsageError`` when there is nothing there, or a folder."""
+    source = Path(path)
+    if not source.exists():
+        raise UsageError(f"--checkpoint {path}: no such file")
+    if source.is_dir():
+        raise UsageError(f"--checkpoint {path} is a folder: give a checkpoint file in it, e.g. "
+                         f"{source / 'checkpoints' / '0001000.pth'}")
+    return source
+
+
 def read_checkpoint(path: str) -> dict[str, Any]:
     """This rank's own read of ``path`` (``load_checkpoint``: safe loading, clear errors). A FIFO or a device is
     copied to a temporary file first, as ``torch.load`` needs to seek."""
     from fastgen.utils.checkpointer import load_checkpoint
 
-    source = Path(path)
-    if not source.exists():
-        raise UsageError(f"--checkpoint {path}: no such file")
-    if source.is_file() or source.is_dir():
+    source = check_checkpoint_path(path)
+    if source.is_file():
         return load_checkpoint(source)
     with open(source, "rb") as handle, tempfile.NamedTemporaryFile(suffix=".pth") as copy:
         shutil.copyfileobj(handle, copy)

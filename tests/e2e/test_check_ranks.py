@@ -28,58 +28,39 @@ from fastgen_testing import FASTGEN, free_port, run_cli
 TAG = "FASTGEN_CHECK_RANKS_TEST"
 TIMEOUT = 240  # seconds for any one process (a slow, shared CPU)
 
-TOY_CONFIG = '''
+CONFIG = '''
 from omegaconf import DictConfig
 
-from fastgen.configs.data import toy_loader
+from fastgen.configs.data import {loader}
 from fastgen.configs.methods.config_sft import create_config as sft_config
-from fastgen.configs.net import toy_mlp
+from fastgen.configs.{net_module} import {net}
 
 
 def create_config():
     config = sft_config()
-    config.model.net = toy_mlp(hidden_dim=32, num_layers=2)
-    config.model.input_shape = [2]
+    config.model.net = {net}({net_args})
+    config.model.input_shape = {input_shape}
+    config.model.num_classes = {num_classes}
     config.model.use_ema = True
-    config.dataloader_train = toy_loader("eight_gaussians", batch_size=16, num_samples=64)
+    config.dataloader_train = {loader}({loader_args})
     config.dataloader_val = None
     config.trainer.max_iter = 1
     config.trainer.logging_iter = 1
     config.trainer.save_ckpt_iter = 1
     config.trainer.validation_iter = None
-    config.trainer.callbacks = DictConfig({})
-    config.log_config.name = "toy"
+    config.trainer.callbacks = DictConfig({{}})
+    config.log_config.name = "{name}"
     config.log_config.wandb_mode = "disabled"
     return config
 '''
-
+TOY_CONFIG = CONFIG.format(name="toy", net_module="net", net="toy_mlp", net_args="hidden_dim=32, num_layers=2",
+                           input_shape=[2], num_classes=0, loader="toy_loader",
+                           loader_args='"eight_gaussians", batch_size=16, num_samples=64')
 # An EDM2 U-Net: its Fourier embeddings' frequencies and phases are persistent buffers, so checkpoints hold them.
-EDM2_CONFIG = '''
-from omegaconf import DictConfig
-
-from fastgen.configs.data import digits_loader
-from fastgen.configs.methods.config_sft import create_config as sft_config
-from fastgen.configs.net_edm2 import edm2_unet
-
-
-def create_config():
-    config = sft_config()
-    config.model.net = edm2_unet(img_resolution=8, in_channels=1, num_classes=10, model_channels=8,
-                                 channel_mult=[1, 2])
-    config.model.input_shape = [1, 8, 8]
-    config.model.num_classes = 10
-    config.model.use_ema = True
-    config.dataloader_train = digits_loader(split="train", batch_size=8)
-    config.dataloader_val = None
-    config.trainer.max_iter = 1
-    config.trainer.logging_iter = 1
-    config.trainer.save_ckpt_iter = 1
-    config.trainer.validation_iter = None
-    config.trainer.callbacks = DictConfig({})
-    config.log_config.name = "edm2"
-    config.log_config.wandb_mode = "disabled"
-    return config
-'''
+EDM2_CONFIG = CONFIG.format(name="edm2", net_module="net_edm2", net="edm2_unet",
+                            net_args="img_resolution=8, in_channels=1, num_classes=10, model_channels=8, "
+                            "channel_mult=[1, 2]", input_shape=[1, 8, 8], num_classes=10, loader="digits_loader",
+                            loader_args='split="train", batch_size=8')
 
 BUFFER = "backbone.emb_fourier.freqs"
 PARAMETER = "backbone.layers.1.weight"  # 32 x 32: rows 16:32 are rank 1's shard under FSDP on 2 ranks
@@ -273,20 +254,27 @@ def test_a_drifted_sharded_parameter_names_rank_1_and_the_parameter(processes: P
 
 # ---- a rank that never arrives -------------------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.parametrize("stuck", [1, 0])
 def test_a_stuck_rank_is_named_and_every_process_ends(processes: Processes, toy_run: tuple[Path, Path],
-                                                      tmp_path: Path) -> None:
+                                                      tmp_path: Path, stuck: int) -> None:
     config, checkpoint = toy_run
     node_dirs(tmp_path, checkpoint)
-    (tmp_path / "node1" / "ckpt.pth").unlink()
-    os.mkfifo(tmp_path / "node1" / "ckpt.pth")  # nobody writes: rank 1's read blocks forever
+    (tmp_path / f"node{stuck}" / "ckpt.pth").unlink()
+    os.mkfifo(tmp_path / f"node{stuck}" / "ckpt.pth")  # nobody writes: this rank's read blocks forever
     (node0, out, err), (node1, _, err1) = two_nodes(processes, tmp_path, config, "--timeout", "5", "-",
                                                     "trainer.ddp=True")
     assert (node0, node1) == (1, 1), out + err + err1
-    assert "rank 1 did not arrive at the barrier within 5 s" in out
-    assert "not run: a rank did not arrive" in out
-    (line,) = error_lines(err)
-    assert line.startswith("error: rank 1 did not arrive at the barrier within 5 s")
-    assert "rank 1" in error_lines(err1)[0] and "Traceback" not in err + err1
+    assert "Traceback" not in err + err1 and "Exception raised from" not in err + err1
+    if stuck == 1:  # rank 0 names it, after --timeout
+        assert "rank 1 did not arrive at the barrier within 5 s" in out and "not run: a rank did not arrive" in out
+        (line,) = error_lines(err)
+        assert line.startswith("error: rank 1 did not arrive at the barrier within 5 s")
+        assert "rank 1" in error_lines(err1)[0]
+    else:  # rank 0 never comes: rank 1 names it after its longer wait, and rank 0 is stopped
+        assert out == ""
+        (line,) = error_lines(err1)
+        assert line.startswith("error: rank 1: rank 0 did not arrive at the barrier")
+        assert error_lines(err)[0].startswith("error: rank 0 stopped because rank 1: rank 0 did not arrive")
     deadline = time.monotonic() + 10  # the stuck worker was ended by its own failure watch, not by this test
     while tagged_pids(processes.tag) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -311,3 +299,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         assert error_lines(result.stderr) == result.stderr.strip().splitlines(), result.stderr  # one line
         assert len(error_lines(result.stderr)) == 1 and expected in result.stderr, result.stderr
         assert result.stdout == ""
+
+
+def test_help_has_real_examples_and_the_command_is_listed() -> None:
+    result = run_cli("check-ranks", "--help")
+    assert result.returncode == 0
+    assert "Examples" in result.stdout and "fastgen check-ranks -c Toy/config_sft_toy --nproc-per-node 2" in result.stdout
+    assert "torchrun --nproc-per-node 8 -m fastgen check-ranks" in result.stdout
+    assert "check-ranks" in run_cli("--help").stdout
