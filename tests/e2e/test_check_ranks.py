@@ -292,7 +292,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (("-c", "Toy/config_sft_toy", "--nproc-per-node", "2", "--detail", "-", "trainer.ddp=True"),
          "cannot check a DDP config on CPU"),
         (("-c", "Toy/config_sft_toy", "--timeout", "0"), "--timeout must be positive"),
-    ]
+        (("-c", "Toy/config_sft_toy", "--checkpoint", "missing.pth"), "--checkpoint missing.pth: no such file"),
+    ]  # the last one runs as a single process: the ranks' common failure (here, one rank's) is the error
     for args, expected in cases:
         result = run_cli("check-ranks", *args, cwd=tmp_path, timeout=120)
         assert result.returncode == 2, (args, result.stderr)
