@@ -74,6 +74,8 @@ def launch(worker_args: list[str], launcher_args: list[str], nproc_per_node: int
         message, code = describe_failure(exc.failures)
         if code > 128:
             raise TrainingInterrupted(message, code - 128) from None
+        if code == 2:
+            raise UsageError(message) from None
         raise FastGenRuntimeError(message) from None
 
 
@@ -95,7 +97,8 @@ def describe_failure(failures: dict[int, Any]) -> tuple[str, int]:
         message = f"rank {rank} exited with code {failure.exitcode}"
     elif not message.startswith("rank "):
         message = f"rank {rank}: {message}"
-    return message, failure.exitcode if failure.exitcode > 128 else 1  # 128 + signal: a clean stop (SIGTERM)
+    # 2: bad input a worker found; 128 + signal: a clean stop (SIGTERM, Ctrl-C); anything else is a failure
+    return message, failure.exitcode if failure.exitcode == 2 or failure.exitcode > 128 else 1
 
 
 def _likely_effect(failure: Any) -> int:

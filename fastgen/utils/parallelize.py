@@ -75,6 +75,12 @@ def parallelize(model: nn.Module, trainer_config: Any, mesh: Any) -> None:
     mode = distributed_mode(trainer_config)
     if mode is None or mesh is None:
         return
+    if mode == "fsdp":
+        conflict = model.fsdp_conflict() if callable(getattr(model, "fsdp_conflict", None)) else None
+        if conflict:
+            from fastgen.utils.errors import ConfigError
+
+            raise ConfigError(conflict)
     trained = {id(m) for m in model.trainable_modules.values()}
     for name, module in named_networks(model).items():
         if mode == "fsdp":
