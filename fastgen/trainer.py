@@ -82,6 +82,19 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def _build_loader(node: Any, key: str) -> Any:
+    """Instantiate a data loader config; a batch that does not fit the data set on this many ranks is a config
+    error naming the key."""
+    if node is None:
+        return None
+    try:
+        return instantiate(node)
+    except ValueError as exc:
+        if "too small for batch_size" in str(exc):
+            raise ConfigError(f"{key}: {exc}; lower {key}.batch_size") from None
+        raise
+
+
 def _one_line(exc: BaseException) -> str:
     """An exception as the one line the command line prints for it."""
     from fastgen.utils.errors import FastGenError
@@ -427,8 +440,8 @@ class Trainer:
 
     # ---- data --------------------------------------------------------------------------------------------------
     def _build_dataloaders(self, payload: dict[str, Any] | None) -> None:
-        self.dataloader_train = instantiate(self.config.dataloader_train)
-        self.dataloader_val = instantiate(self.config.dataloader_val) if self.config.dataloader_val is not None else None
+        self.dataloader_train = _build_loader(self.config.dataloader_train, "dataloader_train")
+        self.dataloader_val = _build_loader(self.config.dataloader_val, "dataloader_val")
         per_rank = int(getattr(self.dataloader_train, "batch_size", 0) or 0)
         world = dist_utils.get_world_size()
         target = self.config.trainer.batch_size_global
