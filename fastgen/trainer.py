@@ -61,6 +61,7 @@ from fastgen.utils.errors import CheckpointError, ConfigError, TrainingInterrupt
 from fastgen.utils.logging import get_logger
 from fastgen.utils.parallelize import (
     full_optimizer_state_dict,
+    parallelize,
     full_state_dict,
     load_full_optimizer_state_dict,
     load_full_state_dict,
@@ -305,19 +306,51 @@ class Trainer:
     def _build_model(self, fresh: bool) -> Any:
         """Build the method with the shared seed; on a fresh run load its initial weights (teacher, student init,
         ``pretrained_ckpt_path``) while the networks are still whole; then replicate or shard them
-        (``fastgen.utils.parallelize``)."""
-        from fastgen.utils.parallelize import parallelize
-
-        model = instantiate(self.config.model_class, config=self.config.model)
-        model.to(self.device)
-        if fresh:
-            model.init_weights()
-            self._load_pretrained(model)
-        parallelize(model, self.config.trainer, self.mesh)
+        (``fastgen.utils.parallelize``). With ``model.meta_init`` see ``_build_on_meta``."""
+        if self.config.model.meta_init:
+            model = self._build_on_meta(fresh)
+        else:
+            model = instantiate(self.config.model_class, config=self.config.model)
+            model.to(self.device)
+            if fresh:
+                model.init_weights()
+                self._load_pretrained(model)
+            parallelize(model, self.config.trainer, self.mesh)
         model.train()
         for ema in getattr(model, "ema_nets", {}).values():
             ema.eval()
         _log_modules(model)
+        return model
+
+    def _build_on_meta(self, fresh: bool) -> Any:
+        """``model.meta_init``: every rank builds the networks on the meta device (shapes, no memory) and shards
+        them there (FSDP) before any storage exists; then each rank allocates only its shards (``to_empty``).
+        Rank 0 alone builds the method for real on the host - with the shared seed, and on a fresh run its
+        teacher, student initialisation and ``pretrained_ckpt_path`` - and its weights are broadcast into every
+        rank's shards (``set_model_state_dict(..., broadcast_from_rank0=True)``). So a multi-rank run holds one
+        full copy of the weights on the host, rank 0's, instead of one per rank. Replicated (DDP) networks are
+        allocated whole and replicated after the weights arrive. On a resume the real build skips the initial
+        weights (the checkpoint then overwrites every network it holds)."""
+        from fastgen.utils.parallelize import broadcast_full_weights
+
+        with torch.device("meta"):
+            model = instantiate(self.config.model_class, config=self.config.model)
+        sharded_first = bool(self.config.trainer.fsdp)
+        if sharded_first:
+            parallelize(model, self.config.trainer, self.mesh)
+        model.to_empty(device=self.device)
+        source = None
+        if dist_utils.is_rank0():
+            with dist_utils.local_only():  # the real build is rank 0's alone: no collectives inside it
+                seed_everything(self.config.trainer.seed)
+                source = instantiate(self.config.model_class, config=self.config.model)
+                if fresh:
+                    source.init_weights()
+                    self._load_pretrained(source)
+        broadcast_full_weights(model, source)
+        del source
+        if not sharded_first:
+            parallelize(model, self.config.trainer, self.mesh)
         return model
 
     def _load_pretrained(self, model: Any) -> None:

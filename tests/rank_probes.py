@@ -76,3 +76,22 @@ class FailOn(Callback):
                              iteration: int = 0) -> None:
         if iteration == self.iteration and dist_utils.get_rank() == self.rank:
             raise ValueError(f"boom on rank {self.rank}")
+
+
+class PeakRSS(Callback):
+    """Each rank writes ``<prefix>.rank<r>.json``: its peak resident memory (``ru_maxrss``) once the model is built,
+    loaded and sharded (``on_model_init_end``), and the bytes of the method's full and local weights. Run with
+    ``MALLOC_MMAP_THRESHOLD_`` set low, so freed tensors go back to the system and the peak tracks live memory."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def on_model_init_end(self, model: Any) -> None:
+        import resource
+
+        from fastgen.profiling.state_bytes import state_bytes
+
+        full = sum(p.numel() * p.element_size() for p in [*model.parameters(), *model.buffers()])
+        record = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "full_weight_bytes": full, "local_weight_bytes": state_bytes(model)["parameters"]}
+        Path(f"{self.prefix}.rank{dist_utils.get_rank()}.json").write_text(json.dumps(record))

@@ -22,11 +22,12 @@ its error, instead of hanging in a collective until the timeout.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -39,8 +40,25 @@ logger = get_logger(__name__)
 FAILURE_KEY = "fastgen/failure"
 
 
+_LOCAL_ONLY = threading.local()
+
+
 def is_initialized() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    """True when a process group exists and this thread is not inside ``local_only()``."""
+    return dist.is_available() and dist.is_initialized() and not getattr(_LOCAL_ONLY, "active", False)
+
+
+@contextlib.contextmanager
+def local_only() -> Iterator[None]:
+    """Run code on one rank as if it were a single process: these helpers skip their collectives (``barrier``,
+    ``broadcast_object``, ``all_reduce_mean``, ``any_rank``) and report this rank's ``RANK``. For work only rank 0
+    does while the others wait, such as building the real model under ``model.meta_init``."""
+    previous = getattr(_LOCAL_ONLY, "active", False)
+    _LOCAL_ONLY.active = True
+    try:
+        yield
+    finally:
+        _LOCAL_ONLY.active = previous
 
 
 def get_rank() -> int:

@@ -151,6 +151,47 @@ def has_sharded_parameters(module: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
+def broadcast_full_weights(model: nn.Module, source: nn.Module | None) -> None:
+    """Fill ``model`` - allocated with ``to_empty`` after a meta-device build, plain, replicated-to-be or sharded -
+    with the weights of rank 0's real build ``source`` (``None`` on the other ranks): parameters and persistent
+    buffers through ``set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)``, which sends each
+    tensor once and keeps only this rank's shard; buffers outside the state dict (e.g. precomputed frequencies)
+    one ``broadcast`` each. Single process: a plain copy."""
+    import torch.distributed as dist
+
+    from fastgen.utils import distributed as dist_utils
+
+    rank0 = dist_utils.get_rank() == 0
+    if rank0 and source is None:
+        raise ValueError("rank 0 needs the real build to broadcast from")
+    if not dist_utils.is_initialized():
+        model.load_state_dict(source.state_dict())
+        _copy_extra_buffers(model, source)
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    full = source.state_dict() if rank0 else {}
+    set_model_state_dict(model, full, options=_options(broadcast_from_rank0=True))
+    device = dist_utils.collective_device()
+    names = set(model.state_dict())
+    for name, buffer in model.named_buffers():
+        if name in names:
+            continue
+        value = dict(source.named_buffers())[name].to(device) if rank0 else torch.empty_like(buffer, device=device)
+        dist.broadcast(value, src=0)
+        with torch.no_grad():
+            buffer.copy_(value)
+
+
+def _copy_extra_buffers(model: nn.Module, source: nn.Module) -> None:
+    names = set(model.state_dict())
+    theirs = dict(source.named_buffers())
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name not in names:
+                buffer.copy_(theirs[name])
+
+
 # ---- full state ------------------------------------------------------------------------------------------------------
 def _options(**kwargs: Any) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions

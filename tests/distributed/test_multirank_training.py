@@ -188,7 +188,43 @@ def test_torchrun_runs_fastgen_as_a_module_and_the_seed_script(entry: str, outpu
     assert result.stderr.count("done: 12 iterations") == 1  # only rank 0 reports
 
 
-@pytest.mark.parametrize("override", ["model.meta_init=true", "model.torch_compile_mode=default",
+META = ["-c", "Digits/config_dmd2_digits", "--eval-samples", "0", "-", "trainer.fsdp=True", "model.r1_weight=1.0",
+        "model.r1_estimator=finite_difference", "dataloader_train.batch_size=8"]
+
+
+@pytest.mark.slow
+def test_meta_init_trains_exactly_like_a_real_build(output_root: Path, tmp_path: Path) -> None:
+    """With model.meta_init rank 0 alone builds the method for real (reading the shipped teacher) and broadcasts
+    the weights into every rank's shards: the run is identical to one that builds on every rank."""
+    for name, meta in (("real", "false"), ("meta", "true")):
+        result = fastgen("train", "--nproc-per-node", "2", *META, "trainer.max_iter=4", "trainer.save_ckpt_iter=4",
+                         f"model.meta_init={meta}", *probes(tmp_path, name), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert losses(tmp_path / "real.losses") == losses(tmp_path / "meta.losses")
+    a, b = final_state(output_root, "digits", "real"), final_state(output_root, "digits", "meta")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_meta_init_holds_one_full_copy_on_the_host(output_root: Path, tmp_path: Path) -> None:
+    """Without meta_init every rank builds the full method (student, EMA, teacher, fake score; here 4 x 9M
+    parameters, ~150 MB, with a random teacher of that size) before sharding it; with it, rank 1 never allocates
+    more than its shards. Its peak memory once the model is built is lower by about the half it does not keep:
+    measured 0.45 x the full weights (67 of 147 MB; the rest of the build's peak - FSDP's padded shard storage,
+    one full tensor at a time during the broadcast - is the same in both)."""
+    size = ["trainer.max_iter=1", "model.teacher_ckpt=null", "model.net.backbone.model_channels=96"]
+    for name, meta in (("real", "false"), ("meta", "true")):
+        result = fastgen("train", "--nproc-per-node", "2", *META, *size, f"model.meta_init={meta}",
+                         f"log_config.name={name}",
+                         f"+trainer.callbacks.rss={{_target_:rank_probes.PeakRSS,prefix:{tmp_path / name}}}",
+                         cwd=tmp_path, env={"MALLOC_MMAP_THRESHOLD_": "65536"})
+        assert result.returncode == 0, result.stderr[-3000:]
+    real, meta = read_json(tmp_path / "real.rank1.json"), read_json(tmp_path / "meta.rank1.json")
+    assert real["local_weight_bytes"] == meta["local_weight_bytes"] < 0.55 * real["full_weight_bytes"]
+    assert real["peak_rss_bytes"] - meta["peak_rss_bytes"] >= 0.4 * real["full_weight_bytes"], (real, meta)
+
+
+@pytest.mark.parametrize("override", ["model.torch_compile_mode=default",
                                       "model.pretrained_model_path=/some/weights.pth",
                                       "trainer.checkpointer.use_s3=true",
                                       "trainer.checkpointer.s3_container=bucket/prefix"])
