@@ -250,3 +250,57 @@ def test_ddp_and_fsdp_together_and_a_bad_shard_size_are_refused(tmp_path: Path) 
     bad = fastgen("train", "--nproc-per-node", "2", *SFT, "trainer.fsdp=True", "trainer.fsdp_shard_size=3",
                   cwd=tmp_path, timeout=120)
     assert bad.returncode == 2 and "fsdp_shard_size=3" in bad.stderr, bad.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_progress_on_a_terminal_shows_rank_0_and_global_throughput(output_root: Path, tmp_path: Path) -> None:
+    import pty
+    import subprocess
+
+    from multirank import job_env
+
+    master, slave = pty.openpty()
+    env = job_env({"COLUMNS": "160"})
+    env.pop("FASTGEN_NO_PROGRESS", None)
+    process = subprocess.Popen([FASTGEN, "train", "--nproc-per-node", "2", *SFT, "trainer.ddp=True",
+                                "trainer.max_iter=40", "dataloader_train.batch_size=16"], cwd=tmp_path, stdin=slave,
+                               stdout=slave, stderr=slave, env=env, start_new_session=True)
+    os.close(slave)
+    chunks = []
+    try:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        process.wait(timeout=240)
+    finally:
+        os.close(master)
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    screen = b"".join(chunks).decode(errors="replace")
+    assert process.returncode == 0, screen[-3000:]
+    assert "samples/s" in screen and "40/40" in screen, screen[-3000:]
+    assert screen.count("40 iterations") == 1  # rank 0 alone reports ("done" is styled on a terminal)
+
+
+@pytest.mark.slow
+def test_fsdp_mixed_precision_trains_in_bf16_and_keeps_float32_weights(output_root: Path, tmp_path: Path) -> None:
+    """trainer.fsdp_param_dtype=bfloat16 all-gathers the float32 shards as bf16 for forward and backward:
+    the losses follow the float32 run's to bf16 precision, and the checkpoint (and optimizer) keep float32."""
+    runs = {}
+    for name, extra in (("fp32", []), ("bf16", ["trainer.fsdp_param_dtype=bfloat16",
+                                                "trainer.fsdp_reduce_dtype=float32"])):
+        result = fastgen("train", "--nproc-per-node", "2", *SFT, "trainer.fsdp=True", "dataloader_train.batch_size=32",
+                         *extra, *probes(tmp_path, name), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = losses(tmp_path / f"{name}.losses")
+    assert runs["fp32"] != runs["bf16"]  # the policy does change the arithmetic
+    assert_close_losses(runs["fp32"], runs["bf16"], rtol=0.05)
+    state = final_state(output_root, "toy", "bf16")
+    assert all(v.dtype == torch.float32 for k, v in state.items() if k.startswith("model.net."))
