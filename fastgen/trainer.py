@@ -230,7 +230,8 @@ class Trainer:
         except BaseException as exc:
             self.exception = exc
             if dist_utils.get_world_size() > 1:
-                dist_utils.report_failure(_one_line(exc), secondary=dist_utils.is_peer_failure(exc))
+                dist_utils.report_failure(_one_line(exc), secondary=dist_utils.is_peer_failure(exc),
+                                          exit_code=getattr(exc, "exit_code", 1))
             raise
         finally:
             watch.stop()

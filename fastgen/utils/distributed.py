@@ -203,14 +203,14 @@ def is_peer_failure(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistError) or "Connection closed by peer" in text or "Connection reset by peer" in text
 
 
-def report_failure(message: str, secondary: bool = False) -> None:
+def report_failure(message: str, secondary: bool = False, exit_code: int = 1) -> None:
     """Tell the other ranks that this one failed (first failure wins), and a launcher's agent what the error was
     (before this rank's clean-up, during which the agent may already stop it); never raises. ``secondary``: the
     failure only follows another rank's (``is_peer_failure``), so the other ranks are not told."""
     from fastgen.utils.launch import record_worker_error
 
     text = f"rank {get_rank()}: {message}"
-    record_worker_error(text, secondary=secondary)
+    record_worker_error(text, secondary=secondary, exit_code=exit_code)
     store = None if secondary else _store()
     if store is None:
         return

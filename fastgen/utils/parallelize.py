@@ -117,6 +117,12 @@ def fsdp_kwargs(trainer_config: Any, mesh: Any) -> dict[str, Any]:
     if param_dtype is not None or reduce_dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     if trainer_config.fsdp_cpu_offload:
+        if mesh.device_type != "cuda":
+            from fastgen.utils.errors import ConfigError
+
+            raise ConfigError("trainer.fsdp_cpu_offload keeps the shards in host memory while a GPU computes; this "
+                              f"run computes on {mesh.device_type}, where the shards are in host memory already: "
+                              "leave it false")
         kwargs["offload_policy"] = CPUOffloadPolicy()
     return kwargs
 

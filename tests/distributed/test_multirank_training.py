@@ -304,3 +304,25 @@ def test_fsdp_mixed_precision_trains_in_bf16_and_keeps_float32_weights(output_ro
     assert_close_losses(runs["fp32"], runs["bf16"], rtol=0.05)
     state = final_state(output_root, "toy", "bf16")
     assert all(v.dtype == torch.float32 for k, v in state.items() if k.startswith("model.net."))
+
+
+@pytest.mark.slow
+def test_hybrid_sharding_and_no_reshard_train_like_ddp(output_root: Path, tmp_path: Path) -> None:
+    """trainer.fsdp_shard_size=1 on 2 ranks is HSDP on a (2 replicate x 1 shard) mesh; fsdp_reshard_after_forward
+    =False keeps the gathered parameters from forward to backward. Both compute what DDP computes."""
+    base = [*SFT, "dataloader_train.batch_size=32"]
+    for name, extra in (("ddp", ["trainer.ddp=True"]), ("hsdp", ["trainer.fsdp=True", "trainer.fsdp_shard_size=1"]),
+                        ("keep", ["trainer.fsdp=True", "trainer.fsdp_reshard_after_forward=False"])):
+        result = fastgen("train", "--nproc-per-node", "2", *base, *extra, *probes(tmp_path, name), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("hsdp", "keep"):
+        assert_close_losses(losses(tmp_path / "ddp.losses"), losses(tmp_path / f"{name}.losses"), rtol=1e-5)
+        assert_close_states(final_state(output_root, "toy", "ddp"), final_state(output_root, "toy", name))
+
+
+def test_cpu_offload_on_a_cpu_run_is_refused(output_root: Path, tmp_path: Path) -> None:
+    result = fastgen("train", "--nproc-per-node", "2", *SFT, "trainer.fsdp=True", "trainer.fsdp_cpu_offload=True",
+                     cwd=tmp_path, timeout=180)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "trainer.fsdp_cpu_offload" in errors[0], result.stderr[-2000:]
