@@ -241,8 +241,12 @@ class Trainer:
                 dist_utils.teardown()
 
     def _on_peer_failure(self, message: str) -> None:
-        """Another rank failed (``FailureWatch``): this one is likely blocked in a collective that will never
-        complete, so it ends at once with one line naming that rank; the run directory keeps its checkpoints."""
+        """Another rank failed (``FailureWatch``) and this one is still running - most likely blocked in a
+        collective that will never complete - so it ends at once with one line naming that rank. A run that had
+        not finished its first iteration leaves no run directory (as in ``run``); checkpoints are kept."""
+        if self.exception is None:
+            self.exception = RuntimeError(message)
+        self._discard_unused_run_dir()
         dist_utils.exit_on_peer_failure(message)
 
     def prepare_run_dir(self) -> None:

@@ -236,11 +236,14 @@ def reported_failure() -> str | None:
 
 class FailureWatch:
     """A daemon thread that polls the store for another rank's failure and then ends this process with
-    ``on_failure(message)`` (which must not return). Start it once the group exists; ``stop()`` at the end."""
+    ``on_failure(message)`` (which must not return) - unless this rank's own work ends within ``grace_s`` (it hit
+    the same error, or it was not waiting on the failed rank), which ``stop()`` signals. Start it once the group
+    exists; ``stop()`` at the end."""
 
-    def __init__(self, on_failure: Callable[[str], None], interval_s: float = 0.5) -> None:
+    def __init__(self, on_failure: Callable[[str], None], interval_s: float = 0.5, grace_s: float = 3.0) -> None:
         self.on_failure = on_failure
         self.interval_s = interval_s
+        self.grace_s = grace_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -255,7 +258,8 @@ class FailureWatch:
         while not self._stop.wait(self.interval_s):
             message = reported_failure()
             if message and not message.startswith(own):
-                self.on_failure(message)
+                if not self._stop.wait(self.grace_s):
+                    self.on_failure(message)
                 return
 
     def stop(self) -> None:

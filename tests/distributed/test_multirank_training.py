@@ -326,3 +326,4 @@ def test_cpu_offload_on_a_cpu_run_is_refused(output_root: Path, tmp_path: Path) 
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "trainer.fsdp_cpu_offload" in errors[0], result.stderr[-2000:]
+    assert not (output_root / "fastgen").exists()  # found by the workers at start-up: nothing is left behind
