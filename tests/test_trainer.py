@@ -185,6 +185,33 @@ def test_a_corrupt_latest_checkpoint_is_a_clear_error() -> None:
         Trainer(tiny_toy_config("corrupt", max_iter=5)).run()
 
 
+@pytest.mark.parametrize("entry", ["optimizers", "schedulers"])
+@pytest.mark.parametrize("how", ["whole entry", "one module"])
+def test_resuming_from_a_checkpoint_without_optimizer_or_scheduler_state_is_an_error(entry: str, how: str) -> None:
+    """Resuming without a module's optimizer or scheduler state would silently restart it (Adam's moments at
+    zero, the learning rate schedule at its start) - not the exact resume the trainer promises."""
+    def config():  # noqa: ANN202
+        c = tiny_toy_config("no_state", max_iter=5)
+        c.model.net_scheduler = LazyCall("torch.optim.lr_scheduler.LinearLR")(start_factor=1.0, end_factor=0.5,
+                                                                              total_iters=5)
+        return c
+
+    first = Trainer(config())
+    first.run()
+    latest = first.checkpointer.latest()
+    payload = load_checkpoint(latest)
+    assert set(payload[entry]) == {"net"}
+    if how == "whole entry":
+        del payload[entry]
+    else:
+        del payload[entry]["net"]
+    torch.save(payload, latest)
+    with pytest.raises(CheckpointError) as error:
+        Trainer(config()).run()
+    message = str(error.value)
+    assert str(latest) in message and f"no {entry} entry for net" in message
+
+
 def test_leftover_temporary_files_are_ignored_and_cleaned() -> None:
     trainer = Trainer(tiny_toy_config("tmpfile", max_iter=3))
     trainer.run()
