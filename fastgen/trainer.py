@@ -256,18 +256,21 @@ class Trainer:
                 raise CheckpointError(f"checkpoint {path} lacks weights for {', '.join(missing)}")
 
     def _restore(self, model: Any, payload: dict[str, Any], path: Path) -> None:
-        self._restore_modules(model, payload, path)
         # A resume is exact only if every optimizer and scheduler state is restored: one the checkpoint lacks
         # would restart silently from scratch (Adam's moments at zero, the learning rate schedule at its start).
         for entry, objects in (("optimizers", model.optimizer_dict), ("schedulers", model.scheduler_dict)):
-            states = payload.get(entry) or {}
-            missing = [name for name in objects if name not in states]
+            missing = [name for name in objects if name not in (payload.get(entry) or {})]
             if missing:
                 raise CheckpointError(f"checkpoint {path} has no {entry} entry for {', '.join(missing)}: resuming "
                                       "from it would restart their state from scratch (was it written by a run "
                                       "configured differently?)")
-            for name, obj in objects.items():
-                obj.load_state_dict(states[name])
+        self._restore_modules(model, payload, path)
+        for name, optimizer in model.optimizer_dict.items():
+            if name in payload.get("optimizers", {}):
+                optimizer.load_state_dict(payload["optimizers"][name])
+        for name, scheduler in model.scheduler_dict.items():
+            if name in payload.get("schedulers", {}):
+                scheduler.load_state_dict(payload["schedulers"][name])
         self.callbacks.load_state_dict(payload.get("callbacks", {}))
 
     def _gather_rng(self) -> dict[int, Any]:
