@@ -37,11 +37,12 @@ def students(teacher: Path, seed: int, scratch: Path) -> dict[str, Callable[[], 
 
     from fastgen.configs.instantiate import instantiate
 
-    def simple(make: Callable[[], Any]) -> Callable[[], Any]:
+    def simple(make: Callable[[], Any], ema: bool = False) -> Callable[[], Any]:
         def run() -> Any:
             config = make()
             before = toy_energy(build(config))
-            return before, toy_energy(train(config)), {}
+            model = train(config)
+            return before, toy_energy(model, net=model.ema_nets["ema"] if ema else None), {}
         return run
 
     def adversarial(recipe: str) -> Callable[[], Any]:
@@ -70,7 +71,7 @@ def students(teacher: Path, seed: int, scratch: Path) -> dict[str, Callable[[], 
         "cm_cd": simple(lambda: cm_config("cd", teacher, seed)),
         "kd_1step": simple(lambda: kd_config(None, teacher, scratch / "pairs_1.pt", seed)),
         "kd_2step": simple(lambda: kd_config(TWO_STEP, teacher, scratch / "pairs_2.pt", seed)),
-        "meanflow": simple(lambda: meanflow_config(seed)),
+        "meanflow": simple(lambda: meanflow_config(seed), ema=True),
         "scm": simple(lambda: scm_config(teacher, seed)),
         "tcm": tcm,
     })

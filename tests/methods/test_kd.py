@@ -118,10 +118,12 @@ def kd_config(t_list: list[float] | None, teacher_ckpt: Path, pairs: Path, seed:
     return config
 
 
-# KD student / teacher (EMA, 18 Heun steps) energy distance, seeds 0-5 of tests/methods/measure_toy_quality.py
-# (bounds: 1.5x the worst seed): 1 step 2.13 1.45 1.51 1.49 1.65 1.32 (max 2.13) -> bound 3.2x;  2 steps 1.79 1.33
-# 1.18 1.07 1.44 1.08 (max 1.79) -> bound 2.7x. KD regresses onto the teacher's own samples: it gets closest.
-TEACHER_FACTOR = {1: 3.2, 2: 2.7}
+# KD energy distance over seeds 0-5 of tests/methods/measure_toy_quality.py; the teacher (EMA, 18 Heun steps) scored
+# 0.0021 - 0.0046 over the same seeds (0.0021 at seed 0, which the test uses). KD regresses onto the teacher's own
+# samples, so it gets closest. Bounds: 1.25x the worst student over the best teacher.
+#   1 step  0.0045 0.0045 0.0066 0.0069 0.0043 0.0044  worst / best teacher 3.24 -> bound 4.1x
+#   2 steps 0.0038 0.0041 0.0052 0.0049 0.0038 0.0036  2.43 -> 3.1x
+TEACHER_FACTOR = {1: 4.1, 2: 3.1}
 
 
 @pytest.mark.slow

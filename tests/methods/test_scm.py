@@ -187,15 +187,15 @@ def scm_config(teacher_ckpt: Path, seed: int = 0) -> BaseConfig:
 
 @pytest.mark.slow
 def test_scd_improves_one_step_samples(toy_teacher_ckpt: Path, toy_teacher_energy: float) -> None:
-    """1-step sCD / teacher (EMA, 18 Heun steps) energy distance over seeds 0-5 of
-    ``tests/methods/measure_toy_quality.py``: 9.47 5.84 3.68 4.49 4.82 6.46 (max 9.47) -> bound 14x (1.5x the worst
-    seed)."""
+    """1-step sCD energy distance over seeds 0-5 of ``tests/methods/measure_toy_quality.py``: 0.0201 0.0182 0.0161
+    0.0207 0.0126 0.0216; the teacher (EMA, 18 Heun steps) 0.0021 - 0.0046 (0.0021 at seed 0, which the test uses).
+    Worst student over best teacher 10.2 -> bound 13x (1.25x that, so that either random stream may change)."""
     config = scm_config(toy_teacher_ckpt)
     before = toy_energy(build(config))
     model = train(config)
     after = toy_energy(model)
     report("sCM (sCD, 1 step, forward-mode AD)", before, after)
     assert model.tangents.mode == "auto" and after < 0.1 * before
-    assert after < 14.0 * toy_teacher_energy
+    assert after < 13.0 * toy_teacher_energy
     samples, _ = draw_samples(model, 64, seed=0)
     assert samples.shape == (64, 2)

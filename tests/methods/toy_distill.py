@@ -107,12 +107,13 @@ def train(config: BaseConfig) -> Any:
     return Trainer(config).run()
 
 
-def toy_energy(model: Any, n: int = 2000, seed: int = 0) -> float:
-    """Energy distance between ``n`` samples of the method's student sampler and fresh toy data."""
+def toy_energy(model: Any, n: int = 2000, seed: int = 0, net: Any = None) -> float:
+    """Energy distance between ``n`` samples of the method's student sampler (of ``net``, default ``model.net``)
+    and fresh toy data."""
     from fastgen.datasets.toy import toy_samples
     from fastgen.evaluation.toy import energy_distance
 
-    samples, _ = model.sample(n, generator=torch.Generator().manual_seed(seed), net=model.net)
+    samples, _ = model.sample(n, generator=torch.Generator().manual_seed(seed), net=net if net is not None else model.net)
     return energy_distance(samples, toy_samples(TOY, n, seed=REFERENCE_SEED))
 
 
