@@ -421,6 +421,14 @@ class Trainer:
                 raise CheckpointError(f"checkpoint {path} lacks weights for {', '.join(missing)}")
 
     def _restore(self, model: Any, payload: dict[str, Any], path: Path) -> None:
+        # A resume is exact only if every optimizer and scheduler state is restored: one the checkpoint lacks
+        # would restart silently from scratch (Adam's moments at zero, the learning rate schedule at its start).
+        for entry, objects in (("optimizers", model.optimizer_dict), ("schedulers", model.scheduler_dict)):
+            missing = [name for name in objects if name not in (payload.get(entry) or {})]
+            if missing:
+                raise CheckpointError(f"checkpoint {path} has no {entry} entry for {', '.join(missing)}: resuming "
+                                      "from it would restart their state from scratch (was it written by a run "
+                                      "configured differently?)")
         self._restore_modules(model, payload, path)
         trained = model.trainable_modules
         for name, optimizer in model.optimizer_dict.items():
