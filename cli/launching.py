@@ -71,5 +71,9 @@ def launch_workers(config: BaseConfig, nproc_per_node: int, nnodes: str, node_ra
     if not (config.trainer.ddp or config.trainer.fsdp):
         raise ConfigError("torchrun distributes training only when the config sets trainer.ddp or trainer.fsdp: add "
                           "- trainer.ddp=True (replicate the model) or - trainer.fsdp=True (shard it)")
+    shard_size = config.trainer.fsdp_shard_size
+    world = nproc_per_node * int(nnodes.split(":")[-1]) if nnodes.split(":")[-1].isdigit() else None
+    if config.trainer.fsdp and shard_size is not None and world is not None and world % shard_size:
+        raise ConfigError(f"trainer.fsdp_shard_size={shard_size} must divide the world size {world}")
     args = torchrun_args(nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_id, max_restarts)
     launch(worker_argv(ARGV), args, nproc_per_node)

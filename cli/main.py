@@ -101,7 +101,7 @@ def _fail(message: str, code: int, secondary: bool = False) -> None:
         from fastgen.utils.launch import launched, record_worker_error
 
         message = f"rank {get_rank()}: {message}"
-        if launched() and record_worker_error(message, secondary=secondary):
+        if launched() and record_worker_error(message, secondary=secondary, exit_code=code):
             sys.exit(code)
     print_error(message)
     sys.exit(code)

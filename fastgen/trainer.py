@@ -61,6 +61,7 @@ from fastgen.utils.errors import CheckpointError, ConfigError, TrainingInterrupt
 from fastgen.utils.logging import get_logger
 from fastgen.utils.parallelize import (
     full_optimizer_state_dict,
+    parallelize,
     full_state_dict,
     load_full_optimizer_state_dict,
     load_full_state_dict,
@@ -80,6 +81,19 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(v, device) for v in batch)
     return batch
+
+
+def _build_loader(node: Any, key: str) -> Any:
+    """Instantiate a data loader config; a batch that does not fit the data set on this many ranks is a config
+    error naming the key."""
+    if node is None:
+        return None
+    try:
+        return instantiate(node)
+    except ValueError as exc:
+        if "too small for batch_size" in str(exc):
+            raise ConfigError(f"{key}: {exc}; lower {key}.batch_size") from None
+        raise
 
 
 def _one_line(exc: BaseException) -> str:
@@ -216,7 +230,8 @@ class Trainer:
         except BaseException as exc:
             self.exception = exc
             if dist_utils.get_world_size() > 1:
-                dist_utils.report_failure(_one_line(exc), secondary=dist_utils.is_peer_failure(exc))
+                dist_utils.report_failure(_one_line(exc), secondary=dist_utils.is_peer_failure(exc),
+                                          exit_code=getattr(exc, "exit_code", 1))
             raise
         finally:
             watch.stop()
@@ -226,8 +241,12 @@ class Trainer:
                 dist_utils.teardown()
 
     def _on_peer_failure(self, message: str) -> None:
-        """Another rank failed (``FailureWatch``): this one is likely blocked in a collective that will never
-        complete, so it ends at once with one line naming that rank; the run directory keeps its checkpoints."""
+        """Another rank failed (``FailureWatch``) and this one is still running - most likely blocked in a
+        collective that will never complete - so it ends at once with one line naming that rank. A run that had
+        not finished its first iteration leaves no run directory (as in ``run``); checkpoints are kept."""
+        if self.exception is None:
+            self.exception = RuntimeError(message)
+        self._discard_unused_run_dir()
         dist_utils.exit_on_peer_failure(message)
 
     def prepare_run_dir(self) -> None:
@@ -292,19 +311,51 @@ class Trainer:
     def _build_model(self, fresh: bool) -> Any:
         """Build the method with the shared seed; on a fresh run load its initial weights (teacher, student init,
         ``pretrained_ckpt_path``) while the networks are still whole; then replicate or shard them
-        (``fastgen.utils.parallelize``)."""
-        from fastgen.utils.parallelize import parallelize
-
-        model = instantiate(self.config.model_class, config=self.config.model)
-        model.to(self.device)
-        if fresh:
-            model.init_weights()
-            self._load_pretrained(model)
-        parallelize(model, self.config.trainer, self.mesh)
+        (``fastgen.utils.parallelize``). With ``model.meta_init`` see ``_build_on_meta``."""
+        if self.config.model.meta_init:
+            model = self._build_on_meta(fresh)
+        else:
+            model = instantiate(self.config.model_class, config=self.config.model)
+            model.to(self.device)
+            if fresh:
+                model.init_weights()
+                self._load_pretrained(model)
+            parallelize(model, self.config.trainer, self.mesh)
         model.train()
         for ema in getattr(model, "ema_nets", {}).values():
             ema.eval()
         _log_modules(model)
+        return model
+
+    def _build_on_meta(self, fresh: bool) -> Any:
+        """``model.meta_init``: every rank builds the networks on the meta device (shapes, no memory) and shards
+        them there (FSDP) before any storage exists; then each rank allocates only its shards (``to_empty``).
+        Rank 0 alone builds the method for real on the host - with the shared seed, and on a fresh run its
+        teacher, student initialisation and ``pretrained_ckpt_path`` - and its weights are broadcast into every
+        rank's shards (``set_model_state_dict(..., broadcast_from_rank0=True)``). So a multi-rank run holds one
+        full copy of the weights on the host, rank 0's, instead of one per rank. Replicated (DDP) networks are
+        allocated whole and replicated after the weights arrive. On a resume the real build skips the initial
+        weights (the checkpoint then overwrites every network it holds)."""
+        from fastgen.utils.parallelize import broadcast_full_weights
+
+        with torch.device("meta"):
+            model = instantiate(self.config.model_class, config=self.config.model)
+        sharded_first = bool(self.config.trainer.fsdp)
+        if sharded_first:
+            parallelize(model, self.config.trainer, self.mesh)
+        model.to_empty(device=self.device)
+        source = None
+        if dist_utils.is_rank0():
+            with dist_utils.local_only():  # the real build is rank 0's alone: no collectives inside it
+                seed_everything(self.config.trainer.seed)
+                source = instantiate(self.config.model_class, config=self.config.model)
+                if fresh:
+                    source.init_weights()
+                    self._load_pretrained(source)
+        broadcast_full_weights(model, source)
+        del source
+        if not sharded_first:
+            parallelize(model, self.config.trainer, self.mesh)
         return model
 
     def _load_pretrained(self, model: Any) -> None:
@@ -370,6 +421,14 @@ class Trainer:
                 raise CheckpointError(f"checkpoint {path} lacks weights for {', '.join(missing)}")
 
     def _restore(self, model: Any, payload: dict[str, Any], path: Path) -> None:
+        # A resume is exact only if every optimizer and scheduler state is restored: one the checkpoint lacks
+        # would restart silently from scratch (Adam's moments at zero, the learning rate schedule at its start).
+        for entry, objects in (("optimizers", model.optimizer_dict), ("schedulers", model.scheduler_dict)):
+            missing = [name for name in objects if name not in (payload.get(entry) or {})]
+            if missing:
+                raise CheckpointError(f"checkpoint {path} has no {entry} entry for {', '.join(missing)}: resuming "
+                                      "from it would restart their state from scratch (was it written by a run "
+                                      "configured differently?)")
         self._restore_modules(model, payload, path)
         trained = model.trainable_modules
         for name, optimizer in model.optimizer_dict.items():
@@ -427,8 +486,8 @@ class Trainer:
 
     # ---- data --------------------------------------------------------------------------------------------------
     def _build_dataloaders(self, payload: dict[str, Any] | None) -> None:
-        self.dataloader_train = instantiate(self.config.dataloader_train)
-        self.dataloader_val = instantiate(self.config.dataloader_val) if self.config.dataloader_val is not None else None
+        self.dataloader_train = _build_loader(self.config.dataloader_train, "dataloader_train")
+        self.dataloader_val = _build_loader(self.config.dataloader_val, "dataloader_val")
         per_rank = int(getattr(self.dataloader_train, "batch_size", 0) or 0)
         world = dist_utils.get_world_size()
         target = self.config.trainer.batch_size_global

@@ -76,6 +76,13 @@ def resolve_wandb_mode(configured: str) -> str:
     return "online" if os.environ.get("WANDB_API_KEY") else "offline"
 
 
+def _is_sharded(module: Any) -> bool:
+    """True when ``module`` holds FSDP2-sharded parameters: every rank must then run its forward together."""
+    from fastgen.utils.parallelize import has_sharded_parameters
+
+    return has_sharded_parameters(module)
+
+
 def _start_wandb(wandb: Any, mode: str, **kwargs: Any) -> Any:
     """``wandb.init`` in ``mode``; a login or connection failure becomes a one-line ``UsageError`` (exit 2) that says
     how to go on without the server (the run directory this start created is then removed by the trainer)."""
@@ -301,6 +308,8 @@ class WandbCallback(Callback):
         rank, world = dist_utils.get_rank(), dist_utils.get_world_size()
         count = len(range(rank, self.num_samples, world))
         if count <= 0:
+            if _is_sharded(model.sampling_net()):  # its forward is a collective: take part, keep nothing
+                model.sample(1, generator=torch.Generator().manual_seed(self.sample_seed + rank))
             return []
         generator = torch.Generator().manual_seed(self.sample_seed + rank)
         samples, labels = model.sample(count, generator=generator)

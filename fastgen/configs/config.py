@@ -37,8 +37,10 @@ Fields that matter for scaling:
 * ``trainer.fsdp_shard_size`` - hybrid sharding (HSDP): shard within groups of this many ranks and replicate across
   groups (a 2-D ``replicate x shard`` mesh, e.g. 8 = one node of 8 GPUs); ``None`` shards over all ranks.
 * ``model.precision`` - dtype of the networks' weights (``float32``, ``bfloat16``, ``float16``).
-* ``model.meta_init`` - build networks on the meta device and materialise them later (large models); not
-  available yet: refused.
+* ``model.meta_init`` - every rank builds the networks on the meta device (no memory), shards them (FSDP) and
+  allocates only its shards; rank 0 alone builds the method for real on the host (initial weights: teacher,
+  student init, ``pretrained_ckpt_path``) and broadcasts the weights into every rank's shards. A multi-rank run
+  then holds one full copy of the weights on the host instead of one per rank (large models).
 * ``model.torch_compile_mode`` - ``torch.compile`` mode for the student network; not available yet: refused.
 """
 

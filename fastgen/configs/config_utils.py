@@ -457,8 +457,6 @@ def validate_config(config: BaseConfig) -> BaseConfig:
 # Fields the schema accepts (the reference system's names) whose feature is not built yet: a config that asks for
 # one is refused rather than silently ignored. (field path, value that means "off", what to do instead)
 NOT_BUILT: tuple[tuple[str, object, str], ...] = (
-    ("model.meta_init", False, "build on the real device (the default); rank 0 reading the weights and "
-                               "broadcasting them is planned"),
     ("model.torch_compile_mode", None, "leave it null (eager)"),
     ("model.pretrained_model_path", None, "start from weights with trainer.checkpointer.pretrained_ckpt_path or a "
                                           "distillation method's model.teacher_ckpt"),

@@ -118,7 +118,9 @@ class FeatureHead(nn.Module):
         h = self.body(feature)
         if self.spatial:
             h = h.mean(dim=(2, 3))
-        return self.out(h).squeeze(1)
+        # A fresh tensor, not a view of the linear layer's output: FSDP2 hooks the outputs of the modules it wraps, and
+        # an in-place op on a returned view would bypass that hook (torch warns about every such view).
+        return self.out(h).squeeze(1).clone()
 
 
 class FeatureDiscriminator(nn.Module):

@@ -22,11 +22,12 @@ its error, instead of hanging in a collective until the timeout.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -39,8 +40,25 @@ logger = get_logger(__name__)
 FAILURE_KEY = "fastgen/failure"
 
 
+_LOCAL_ONLY = threading.local()
+
+
 def is_initialized() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    """True when a process group exists and this thread is not inside ``local_only()``."""
+    return dist.is_available() and dist.is_initialized() and not getattr(_LOCAL_ONLY, "active", False)
+
+
+@contextlib.contextmanager
+def local_only() -> Iterator[None]:
+    """Run code on one rank as if it were a single process: these helpers skip their collectives (``barrier``,
+    ``broadcast_object``, ``all_reduce_mean``, ``any_rank``) and report this rank's ``RANK``. For work only rank 0
+    does while the others wait, such as building the real model under ``model.meta_init``."""
+    previous = getattr(_LOCAL_ONLY, "active", False)
+    _LOCAL_ONLY.active = True
+    try:
+        yield
+    finally:
+        _LOCAL_ONLY.active = previous
 
 
 def get_rank() -> int:
@@ -185,14 +203,14 @@ def is_peer_failure(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistError) or "Connection closed by peer" in text or "Connection reset by peer" in text
 
 
-def report_failure(message: str, secondary: bool = False) -> None:
+def report_failure(message: str, secondary: bool = False, exit_code: int = 1) -> None:
     """Tell the other ranks that this one failed (first failure wins), and a launcher's agent what the error was
     (before this rank's clean-up, during which the agent may already stop it); never raises. ``secondary``: the
     failure only follows another rank's (``is_peer_failure``), so the other ranks are not told."""
     from fastgen.utils.launch import record_worker_error
 
     text = f"rank {get_rank()}: {message}"
-    record_worker_error(text, secondary=secondary)
+    record_worker_error(text, secondary=secondary, exit_code=exit_code)
     store = None if secondary else _store()
     if store is None:
         return
@@ -218,11 +236,14 @@ def reported_failure() -> str | None:
 
 class FailureWatch:
     """A daemon thread that polls the store for another rank's failure and then ends this process with
-    ``on_failure(message)`` (which must not return). Start it once the group exists; ``stop()`` at the end."""
+    ``on_failure(message)`` (which must not return) - unless this rank's own work ends within ``grace_s`` (it hit
+    the same error, or it was not waiting on the failed rank), which ``stop()`` signals. Start it once the group
+    exists; ``stop()`` at the end."""
 
-    def __init__(self, on_failure: Callable[[str], None], interval_s: float = 0.5) -> None:
+    def __init__(self, on_failure: Callable[[str], None], interval_s: float = 0.5, grace_s: float = 3.0) -> None:
         self.on_failure = on_failure
         self.interval_s = interval_s
+        self.grace_s = grace_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -237,7 +258,8 @@ class FailureWatch:
         while not self._stop.wait(self.interval_s):
             message = reported_failure()
             if message and not message.startswith(own):
-                self.on_failure(message)
+                if not self._stop.wait(self.grace_s):
+                    self.on_failure(message)
                 return
 
     def stop(self) -> None:

@@ -74,6 +74,8 @@ def launch(worker_args: list[str], launcher_args: list[str], nproc_per_node: int
         message, code = describe_failure(exc.failures)
         if code > 128:
             raise TrainingInterrupted(message, code - 128) from None
+        if code == 2:
+            raise UsageError(message) from None
         raise FastGenRuntimeError(message) from None
 
 
@@ -95,7 +97,9 @@ def describe_failure(failures: dict[int, Any]) -> tuple[str, int]:
         message = f"rank {rank} exited with code {failure.exitcode}"
     elif not message.startswith("rank "):
         message = f"rank {rank}: {message}"
-    return message, failure.exitcode if failure.exitcode > 128 else 1  # 128 + signal: a clean stop (SIGTERM)
+    # 2: bad input a worker found; 128 + signal: a clean stop (SIGTERM, Ctrl-C); anything else is a failure
+    code = failure.error_file_data.get("fastgen_exit_code", failure.exitcode) if recorded else failure.exitcode
+    return message, code if code == 2 or code > 128 else 1
 
 
 def _likely_effect(failure: Any) -> int:
@@ -121,14 +125,16 @@ def launched() -> bool:
     return os.environ.get(LAUNCHED_ENV) == "1"
 
 
-def record_worker_error(message: str, secondary: bool = False) -> bool:
-    """Write this worker's one-line error where torch's agent reads it; False when no agent asked for one."""
+def record_worker_error(message: str, secondary: bool = False, exit_code: int = 1) -> bool:
+    """Write this worker's one-line error where torch's agent reads it, with the exit code the run should end with
+    (the agent may stop the worker with a signal before it exits); False when no agent asked for one."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return False
     try:
         with open(path, "w") as handle:
-            json.dump({"message": (SECONDARY if secondary else "") + message, "timestamp": int(time.time())}, handle)
+            json.dump({"message": (SECONDARY if secondary else "") + message, "timestamp": int(time.time()),
+                       "fastgen_exit_code": int(exit_code)}, handle)
     except OSError:
         return False
     return True

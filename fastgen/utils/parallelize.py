@@ -75,6 +75,12 @@ def parallelize(model: nn.Module, trainer_config: Any, mesh: Any) -> None:
     mode = distributed_mode(trainer_config)
     if mode is None or mesh is None:
         return
+    if mode == "fsdp":
+        conflict = model.fsdp_conflict() if callable(getattr(model, "fsdp_conflict", None)) else None
+        if conflict:
+            from fastgen.utils.errors import ConfigError
+
+            raise ConfigError(conflict)
     trained = {id(m) for m in model.trainable_modules.values()}
     for name, module in named_networks(model).items():
         if mode == "fsdp":
@@ -111,6 +117,12 @@ def fsdp_kwargs(trainer_config: Any, mesh: Any) -> dict[str, Any]:
     if param_dtype is not None or reduce_dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     if trainer_config.fsdp_cpu_offload:
+        if mesh.device_type != "cuda":
+            from fastgen.utils.errors import ConfigError
+
+            raise ConfigError("trainer.fsdp_cpu_offload keeps the shards in host memory while a GPU computes; this "
+                              f"run computes on {mesh.device_type}, where the shards are in host memory already: "
+                              "leave it false")
         kwargs["offload_policy"] = CPUOffloadPolicy()
     return kwargs
 
@@ -143,6 +155,47 @@ def has_sharded_parameters(module: nn.Module) -> bool:
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def broadcast_full_weights(model: nn.Module, source: nn.Module | None) -> None:
+    """Fill ``model`` - allocated with ``to_empty`` after a meta-device build, plain, replicated-to-be or sharded -
+    with the weights of rank 0's real build ``source`` (``None`` on the other ranks): parameters and persistent
+    buffers through ``set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)``, which sends each
+    tensor once and keeps only this rank's shard; buffers outside the state dict (e.g. precomputed frequencies)
+    one ``broadcast`` each. Single process: a plain copy."""
+    import torch.distributed as dist
+
+    from fastgen.utils import distributed as dist_utils
+
+    rank0 = dist_utils.get_rank() == 0
+    if rank0 and source is None:
+        raise ValueError("rank 0 needs the real build to broadcast from")
+    if not dist_utils.is_initialized():
+        model.load_state_dict(source.state_dict())
+        _copy_extra_buffers(model, source)
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    full = source.state_dict() if rank0 else {}
+    set_model_state_dict(model, full, options=_options(broadcast_from_rank0=True))
+    device = dist_utils.collective_device()
+    names = set(model.state_dict())
+    for name, buffer in model.named_buffers():
+        if name in names:
+            continue
+        value = dict(source.named_buffers())[name].to(device) if rank0 else torch.empty_like(buffer, device=device)
+        dist.broadcast(value, src=0)
+        with torch.no_grad():
+            buffer.copy_(value)
+
+
+def _copy_extra_buffers(model: nn.Module, source: nn.Module) -> None:
+    names = set(model.state_dict())
+    theirs = dict(source.named_buffers())
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name not in names:
+                buffer.copy_(theirs[name])
 
 
 # ---- full state ------------------------------------------------------------------------------------------------------
