@@ -309,14 +309,18 @@ def read_checkpoint(path: str) -> dict[str, Any]:
         return load_checkpoint(copy.name)
 
 
-def _local_slice(tensor: Any, full: torch.Tensor) -> tuple[torch.Tensor, str]:
-    """The part of ``full`` that DTensor ``tensor``'s local shard holds, and a label for it (``[rows 0:4]``)."""
+def _local_region(tensor: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(shape, offset)`` of DTensor ``tensor``'s local shard within the full tensor (as torch's state-dict
+    loading computes it)."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
-    index = tuple(slice(o, o + s) for s, o in zip(shape, offset))
-    label = ", ".join(f"{o}:{o + s}" for s, o in zip(shape, offset))
-    return full[index], f"[{label}]"
+    return tuple(shape), tuple(offset)
+
+
+def _label(region: tuple[tuple[int, ...], tuple[int, ...]]) -> str:
+    """``[16:32, 0:32]``: the rows, columns ... of a shard."""
+    return "[" + ", ".join(f"{o}:{o + n}" for n, o in zip(*region)) + "]"
 
 
 def _no_fingerprints() -> tuple[list[str], torch.Tensor]:
@@ -355,11 +359,14 @@ class _Rank:
         self.full: dict[str, torch.Tensor] = {}  # network.name -> full tensor this rank holds (shard reference)
         self.from_checkpoint: set[str] = set()
         self.payload: dict[str, Any] | None = None
+        self.model: Any = None
 
     def build(self) -> None:
         """Instantiate the method as ``Trainer._build_model`` does: the shared seed, the device, and on a fresh
         start ``init_weights`` and the pretrained checkpoint; the full tensors are fingerprinted (and kept
-        referenced, so that a shard can be compared with them after ``parallelize``)."""
+        referenced, so that a shard can be compared with them after ``parallelize``). Under ``model.meta_init``
+        only rank 0 builds real weights and every rank receives them by broadcast: nothing to compare as built,
+        and the trainer's own build runs after the barrier."""
         from fastgen.configs.instantiate import instantiate
         from fastgen.trainer import Trainer
         from fastgen.utils.rng import seed_everything
@@ -367,6 +374,8 @@ class _Rank:
         seed_everything(self.config.trainer.seed)
         self.trainer = Trainer(self.config)  # for its loading code; no run directory is created
         self.trainer.mesh = self.mesh
+        if self.config.model.meta_init:
+            return  # rank 0 alone builds and broadcasts (collectives): the trainer's own build, in ``load``
         self.model = instantiate(self.config.model_class, config=self.config.model)
         self.model.to(self.trainer.device)
         if self.checkpoint is None:
@@ -398,7 +407,13 @@ class _Rank:
         fingerprint the replicated tensors and the local shards."""
         from fastgen.utils.parallelize import parallelize
 
-        parallelize(self.model, self.config.trainer, self.mesh)
+        if self.model is None:  # model.meta_init
+            self.model = self.trainer._build_model(fresh=self.checkpoint is None)
+        else:
+            parallelize(self.model, self.config.trainer, self.mesh)
+            self.model.train()
+            for ema in getattr(self.model, "ema_nets", {}).values():
+                ema.eval()
         if self.payload is not None:
             try:
                 self.trainer._restore_modules(self.model, self.payload, self.checkpoint, allow_missing=True)
@@ -412,14 +427,15 @@ class _Rank:
                 replicated.append((name, tensor))
                 continue
             self.material.kinds[name] = f"sharded {kind}"
-            if name not in self.full:
+            where = _local_region(tensor)
+            shards.append((f"{name} {_label(where)}", tensor))
+            if name not in self.full:  # meta_init without a checkpoint: this rank never held the full tensor
                 continue
-            reference, where = _local_slice(tensor, self.full[name])
-            shards.append((f"{name} {where}", tensor))
+            reference = self.full[name][tuple(slice(o, o + n) for n, o in zip(*where))]
             if int(tensor_fingerprint(tensor)) != int(tensor_fingerprint(reference)):
                 source = ("the checkpoint this rank read" if name in self.from_checkpoint
                           else "this rank's tensor before sharding")
-                self.material.local.append((f"sharded {kind} {name} {where}",
+                self.material.local.append((f"sharded {kind} {name} {_label(where)}",
                                             f"the local shard differs from the same slice of {source}"))
         self.material.replicated = _fingerprinted(replicated)
         self.material.shards = _fingerprinted(shards)
@@ -487,7 +503,8 @@ def compare_tier3(mine: _Tier3, group: Any) -> tuple[list[Finding], dict[str, in
 
 
 def _fingerprint_summary(compared: dict[str, int], checkpoint: str | None) -> str:
-    parts = [f"{compared.get('initial', 0)} tensors as built", f"{compared.get('replicated', 0)} replicated"]
+    parts = [f"{compared['initial']} tensors as built"] if compared.get("initial") else []
+    parts.append(f"{compared.get('replicated', 0)} replicated")
     if compared.get("shards"):
         parts.append(f"{compared['shards']} shards against the full tensors")
     if checkpoint is not None:
@@ -566,7 +583,8 @@ def run_rank_checks(config: Any, checkpoint: str | None = None, timeout_s: float
         return report
     except BaseException as exc:
         if report.world_size > 1 and not isinstance(exc, SystemExit):
-            dist_utils.report_failure(_exception_line(exc), secondary=dist_utils.is_peer_failure(exc))
+            dist_utils.report_failure(_exception_line(exc), secondary=dist_utils.is_peer_failure(exc),
+                                      exit_code=getattr(exc, "exit_code", 1))
         if owns_group:
             dist_utils.teardown()
         raise

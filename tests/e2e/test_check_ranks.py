@@ -198,13 +198,16 @@ def test_consistent_ddp_job_on_two_ranks(processes: Processes, tmp_path: Path) -
 @pytest.mark.slow
 def test_consistent_fsdp_job_inside_torchrun_with_a_checkpoint_and_detail(processes: Processes, toy_run: tuple[Path, Path],
                                                                          tmp_path: Path) -> None:
+    # model.meta_init: the trainer's own build (meta device, rank 0's weights broadcast into the shards)
     config, checkpoint = toy_run
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "fastgen",
-               "check-ranks", "-c", str(config), "--checkpoint", str(checkpoint), "--detail", "-", "trainer.fsdp=True"]
+               "check-ranks", "-c", str(config), "--checkpoint", str(checkpoint), "--detail", "-", "trainer.fsdp=True",
+               "model.meta_init=True"]
     code, out, err = processes.finish(processes.start(command, cwd=tmp_path))
     assert code == 0, out + err
     assert out.splitlines()[-1].strip() == "consistent"
-    assert re.search(r"\d+ shards against the full tensors, \d+ checkpoint tensors as read", out), out
+    assert re.search(r"consistent: \d+ replicated, \d+ shards against the full tensors, \d+ checkpoint tensors "
+                     "as read", out), out  # nothing "as built": only rank 0 builds weights under meta_init
     assert out.count("DETAIL") == 2, out  # each worker restarted itself with TORCH_DISTRIBUTED_DEBUG=DETAIL
 
 
