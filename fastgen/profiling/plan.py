@@ -199,16 +199,6 @@ def _coordinate(mesh: Any, rank: int) -> tuple[int, ...]:
     return tuple(int(i) for i in found[0].tolist())
 
 
-def _unique(tensors: Any) -> list[Any]:
-    seen: set[int] = set()
-    out = []
-    for tensor in tensors:
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            out.append(tensor)
-    return out
-
-
 def _entry(role: str, tensor: Any, optimizer: str | None = None, scale: float = 1.0) -> _Entry:
     from torch.distributed.tensor import DTensor
 
@@ -222,6 +212,7 @@ def _inventory(config: Any, model: Any) -> tuple[list[_Entry], str]:
     import torch
 
     from fastgen.profiling.estimate import estimate_memory
+    from fastgen.profiling.state_bytes import _unique
 
     estimate = estimate_memory(config, world_size=1, model=model)  # builds and steps the optimizers on meta
     entries = [_entry("parameters", t) for t in _unique([*model.parameters(), *model.buffers()])]
