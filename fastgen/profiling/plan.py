@@ -141,15 +141,13 @@ def plan_state(config: Any, world_size: int, model: Any = None) -> StatePlan:
             layout = f"sharded over {world_size} ranks (FSDP2)"
         else:
             layout = f"sharded over {shard_size} ranks, replicated {world_size // shard_size}x (HSDP)"
-        ranks = tuple(_rank_state(r, entries, mesh_shape, coordinates[r]) for r in range(world_size))
+        ranks = _rank_states(entries, mesh_shape, coordinates)
         return StatePlan(world_size, layout, True, mesh_shape, ranks, method)
     from fastgen.profiling.estimate import build_meta_model
 
     entries, method = _inventory(config, model if model is not None else build_meta_model(config))
-    whole = _rank_state(0, entries, (world_size,), (0,))
     layout = "1 rank" if world_size == 1 else f"replicated on {world_size} ranks" + (" (DDP)" if mode == "ddp" else "")
-    ranks = tuple(RankState(r, whole.parameters, whole.gradients, whole.optimizer_state,
-                            dict(whole.gradients_by_optimizer)) for r in range(world_size))
+    ranks = _rank_states(entries, (world_size,), [(r,) for r in range(world_size)])  # no placements: all alike
     return StatePlan(world_size, layout, False, (world_size,), ranks, method)
 
 
@@ -238,26 +236,62 @@ def _inventory(config: Any, model: Any) -> tuple[list[_Entry], str]:
     return entries, str(estimate["method"])
 
 
-def _local_numel(entry: _Entry, mesh_shape: tuple[int, ...], coordinate: tuple[int, ...]) -> int:
-    """Elements of ``entry`` that the rank at ``coordinate`` holds (DTensor's rule; uneven shards included)."""
+def _local_numel(shape: tuple[int, ...], placements: tuple[Any, ...] | None, mesh_shape: tuple[int, ...],
+                 coordinate: tuple[int, ...]) -> int:
+    """Elements of a tensor that the rank at ``coordinate`` holds (DTensor's rule; uneven shards included)."""
     import math
 
-    if entry.placements is None:
-        return math.prod(entry.shape)
+    if placements is None:
+        return math.prod(shape)
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
-    local_shape, _ = _compute_local_shape_and_global_offset(entry.shape, mesh_shape, list(coordinate),
-                                                            entry.placements)
+    local_shape, _ = _compute_local_shape_and_global_offset(shape, mesh_shape, list(coordinate), placements)
     return math.prod(local_shape)
 
 
-def _rank_state(rank: int, entries: list[_Entry], mesh_shape: tuple[int, ...],
+_Layout = tuple[tuple[int, ...], "tuple[Any, ...] | None"]
+
+
+def _by_layout(entries: list[_Entry]) -> dict[_Layout, dict[tuple[str, str | None], float]]:
+    """Entries grouped by (shape, placements): bytes per element for each (role, optimizer). A network's tensors
+    share a few dozen layouts (a parameter, its gradient and its moments have one), so each rank needs only one
+    layout computation per group."""
+    groups: dict[_Layout, dict[tuple[str, str | None], float]] = {}
+    for entry in entries:
+        weights = groups.setdefault((entry.shape, entry.placements), {})
+        key = (entry.role, entry.optimizer)
+        weights[key] = weights.get(key, 0.0) + entry.itemsize * entry.scale
+    return groups
+
+
+def _rank_states(entries: list[_Entry], mesh_shape: tuple[int, ...],
+                 coordinates: list[tuple[int, ...]]) -> tuple[RankState, ...]:
+    """Every rank's state; ranks whose coordinates differ only along replicated mesh dimensions (HSDP's replicas)
+    hold the same and are computed once."""
+    groups = _by_layout(entries)
+    shard_dims = sorted({i for shape, placements in groups if placements
+                         for i, placement in enumerate(placements) if placement.is_shard()})
+    done: dict[tuple[int, ...], RankState] = {}
+    states = []
+    for rank, coordinate in enumerate(coordinates):
+        key = tuple(coordinate[i] for i in shard_dims)
+        if key not in done:
+            done[key] = _rank_state(rank, groups, mesh_shape, coordinate)
+        known = done[key]
+        states.append(RankState(rank, known.parameters, known.gradients, known.optimizer_state,
+                                dict(known.gradients_by_optimizer)))
+    return tuple(states)
+
+
+def _rank_state(rank: int, groups: dict[_Layout, dict[tuple[str, str | None], float]], mesh_shape: tuple[int, ...],
                 coordinate: tuple[int, ...]) -> RankState:
     totals = dict.fromkeys(ROLES, 0.0)
-    by_optimizer: dict[str, int] = {}
-    for entry in entries:
-        nbytes = _local_numel(entry, mesh_shape, coordinate) * entry.itemsize * entry.scale
-        totals[entry.role] += nbytes
-        if entry.role == "gradients" and entry.optimizer is not None:
-            by_optimizer[entry.optimizer] = by_optimizer.get(entry.optimizer, 0) + int(nbytes)
-    return RankState(rank, *(round(totals[role]) for role in ROLES), gradients_by_optimizer=by_optimizer)
+    by_optimizer: dict[str, float] = {}
+    for (shape, placements), weights in groups.items():
+        numel = _local_numel(shape, placements, mesh_shape, coordinate)
+        for (role, optimizer), per_element in weights.items():
+            totals[role] += numel * per_element
+            if role == "gradients" and optimizer is not None:
+                by_optimizer[optimizer] = by_optimizer.get(optimizer, 0.0) + numel * per_element
+    return RankState(rank, *(round(totals[role]) for role in ROLES),
+                     gradients_by_optimizer={name: round(value) for name, value in by_optimizer.items()})
