@@ -11,17 +11,23 @@ The same recipe twice through the real launcher, one run after the other (two gl
     torchrun --standalone --nproc-per-node 2 -m fastgen profile-memory -c RECIPE --iters N - trainer.ddp=True ...
     torchrun --standalone --nproc-per-node 2 -m fastgen profile-memory -c RECIPE --iters N - trainer.fsdp=True ...
 
-``profile-memory`` records every allocation and free of each rank (the CPU profiler's memory events) and tags
-the blocks that hold parameters (and buffers), gradients and optimizer state at the trainer's hooks
-(``MemTrackerCallback``; ``fastgen.profiling.analysis`` replays them). From each rank's snapshot:
+``profile-memory`` (``MemTrackerCallback``) notes, at the trainer's hooks (the start of the window, before and
+after every optimizer step), the storages that hold parameters (and buffers), gradients and optimizer state, and
+records every allocation and free of each rank (the CPU profiler's memory events). From each rank's snapshot:
 
-* **state peak** - the largest ``parameters + gradients + optimizer state`` live *at the same moment*, in
-  allocator blocks: what the rank really allocated, FSDP2's padding of uneven shards included (every rank's
-  parameter and gradient storage is padded to rank 0's chunk). It is reached during the optimizer step, when the
-  gradients and the optimizer state are both live. This is the quantity the issue's "per-rank memory (params +
-  grads + optimizer state)" names, and the only one the dry run claims to predict.
-* **training peak** - the largest total of all live blocks during the data / forward / backward / optimizer
-  phases: the state plus activations, FSDP2's all-gathered parameters of the block being computed, the
+* **state** - at each such note, the bytes of the distinct storages holding parameters, gradients and optimizer
+  state, summed; the largest sum (reached just before the second optimizer step, when the gradients and the
+  optimizer state of the first are both live). Storage bytes, not tensor bytes: FSDP2 pads every rank's parameter
+  and gradient storage to rank 0's chunk, and that padding is counted (the EMA's flat buffer likewise). This is
+  the quantity the issue's "per-rank memory (params + grads + optimizer state)" names, and the only one the dry
+  run claims to predict.
+* **replayed state** - the same three categories at their largest simultaneous sum in the replay of every
+  allocation and free (the report's timeline). Shown for transparency, not used for the goals: on CPU under gloo
+  some blocks allocated inside gloo's collectives (site ``c10d::_reduce_scatter_base_``) end up counted as
+  gradients or optimizer state, 0-8% of the state on either rank, varying from run to run (not pinned down
+  further; the storage figure above does not vary).
+* **training peak** - the largest total of all live blocks in the replay during the data / forward / backward /
+  optimizer phases: the state plus activations, FSDP2's all-gathered parameters of the block being computed, the
   reduce-scatter buffers and DDP's gradient buckets. The callbacks phase is left out: there the final checkpoint
   gathers the full state dict on rank 0, which says nothing about training.
 
@@ -32,10 +38,15 @@ process group; no arithmetic division).
 
 Figures
 -------
-1. **FSDP2 ÷ DDP state peak**, per rank (goal ≤ 0.55): DDP replicates, so its state is the unsharded state.
-2. **dry run ÷ measured state peak**, per rank (goal within ±10%); beside it **dry run ÷ training peak**, which is
+1. **FSDP2 ÷ DDP state**, per rank (goal ≤ 0.55): DDP replicates, so its state is the unsharded state.
+2. **dry run ÷ measured state**, per rank (goal within ±10%); beside it **dry run ÷ training peak**, which is
    *not* expected to be near 1: activations and the gathered parameters are not in the dry run's estimate (it
    says so and points to ``fastgen profile-memory`` for them), and on a small recipe they rival the state.
+
+Where the state differs from the dry run (digits SFT recipe, 2 ranks): FSDP2 rank 0 holds exactly the dry run's
+bytes; rank 1's parameter and gradient storage is padded to rank 0's chunk while its optimizer state is its own,
+smaller shard, so it holds a little less. DDP's parameter storage is ~0.5% above the tensors' bytes (the EMA's
+flat buffer).
 
 The script prints both tables and, with ``--json``, writes every number. Timings are irrelevant here; the CPU
 profiler slows each run to about a minute or two on the 2-core machine.
@@ -78,23 +89,25 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 900) -> subprocess
 
 
 def measure(snapshot_path: Path) -> dict[str, int]:
-    """State peak and training peak of one rank's snapshot (see the module docstring)."""
+    """State, replayed state and training peak of one rank's snapshot (see the module docstring)."""
     from fastgen.profiling.analysis import analyse, phase_at
     from fastgen.profiling.snapshot import CATEGORIES, load_snapshot
 
-    analysis = analyse(load_snapshot(snapshot_path))
+    snapshot = load_snapshot(snapshot_path)
+    notes: dict[int, dict[str, dict[int, int]]] = {}
+    for t, role, ptr, nbytes in snapshot["roles"]:
+        notes.setdefault(int(t), {}).setdefault(role, {})[int(ptr)] = int(nbytes)
+    by_note = [{role: sum(notes[t].get(role, {}).values()) for role in STATE} for t in sorted(notes)]
+    state = max(by_note, key=lambda roles: sum(roles.values()), default=dict.fromkeys(STATE, 0))
+    analysis = analyse(snapshot)
     index = {c: i for i, c in enumerate(CATEGORIES)}
-    state_peak, at = 0, None
-    training_peak = 0
+    replayed = training_peak = 0
     for t, values in analysis.points:
-        state = sum(values[index[c]] for c in STATE)
-        if state > state_peak:
-            state_peak, at = state, values
+        replayed = max(replayed, sum(values[index[c]] for c in STATE))
         phase = phase_at(analysis.phases, t)
         if phase is not None and phase.name in TRAINING_PHASES:
             training_peak = max(training_peak, sum(values))
-    breakdown = {c: at[index[c]] for c in STATE} if at is not None else dict.fromkeys(STATE, 0)
-    return {"state_peak": state_peak, **{f"state_peak_{k}": v for k, v in breakdown.items()},
+    return {"state": sum(state.values()), **{f"state_{k}": v for k, v in state.items()}, "replayed_state": replayed,
             "training_peak": training_peak, "peak": analysis.peak_bytes}
 
 
@@ -136,28 +149,29 @@ def main(argv: list[str] | None = None) -> int:
         return f"{n / 2**20:.2f} MiB"
 
     print(f"recipe {args.recipe}, overrides {' '.join(overrides)}; 2 gloo ranks; {args.iters} tracked iterations\n")
-    print("FSDP2 per-rank state (parameters + gradients + optimizer state) / unsharded (DDP), state peak")
+    print("FSDP2 per-rank state (parameters + gradients + optimizer state) / unsharded (DDP)")
     print("| rank | DDP | FSDP2 | FSDP2 / DDP |")
     print("|---:|---:|---:|---:|")
     ratios = []
     for rank in (0, 1):
-        ddp, fsdp = measured["ddp"][rank]["state_peak"], measured["fsdp"][rank]["state_peak"]
+        ddp, fsdp = measured["ddp"][rank]["state"], measured["fsdp"][rank]["state"]
         ratios.append(fsdp / ddp)
         print(f"| {rank} | {mib(ddp)} | {mib(fsdp)} | {fsdp / ddp:.3f} |")
     worst = max(ratios)
     print(f"\nworst rank: {worst:.3f} (goal <= 0.55: {'met' if worst <= 0.55 else 'MISSED'})\n")
     print("fastgen dryrun --nproc-per-node 2 (busiest rank) / measured, per rank")
-    print("| layout | rank | dry run | state peak | dry run / state peak | training peak | dry run / training peak |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| layout | rank | dry run | state | dry run / state | replayed state | training peak "
+          "| dry run / training peak |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     errors = []
     for mode in ("fsdp", "ddp"):
         for rank in (0, 1):
             m = measured[mode][rank]
-            ratio = estimate[mode] / m["state_peak"]
+            ratio = estimate[mode] / m["state"]
             errors.append(abs(ratio - 1))
-            print(f"| {mode} | {rank} | {mib(estimate[mode])} | {mib(m['state_peak'])} | {ratio:.3f} | "
-                  f"{mib(m['training_peak'])} | {estimate[mode] / m['training_peak']:.3f} |")
-    print(f"\nlargest |dry run / state peak - 1|: {max(errors):.3f} (goal <= 0.10: "
+            print(f"| {mode} | {rank} | {mib(estimate[mode])} | {mib(m['state'])} | {ratio:.3f} | "
+                  f"{mib(m['replayed_state'])} | {mib(m['training_peak'])} | {estimate[mode] / m['training_peak']:.3f} |")
+    print(f"\nlargest |dry run / state - 1|: {max(errors):.3f} (goal <= 0.10: "
           f"{'met' if max(errors) <= 0.10 else 'MISSED'})")
     if args.json:
         args.json.write_text(json.dumps({"recipe": args.recipe, "overrides": overrides, "iters": args.iters,
