@@ -19,10 +19,13 @@ Examples:
   fastgen dryrun                                         # the quick-start recipe
   fastgen dryrun --config=Toy/config_sft_toy --yaml      # as YAML (what config.yaml will hold)
   fastgen dryrun -c configs/my_exp.py - trainer.max_iter=10 model.use_ema=false
-  fastgen dryrun -c Digits/config_sft_digits --world-size 8 - trainer.fsdp=true   # memory per rank, sharded
+  fastgen dryrun -c Digits/config_sft_digits --nproc-per-node 8 - trainer.fsdp=true   # memory per rank, sharded
+  fastgen dryrun -c Digits/config_sft_digits --nnodes 2 --nproc-per-node 8 - trainer.fsdp=true trainer.fsdp_shard_size=8
 
-The memory estimate (parameters, gradients, optimizer state per rank) is computed on the meta device;
-`fastgen profile-memory` measures the real peak, activations included.
+The memory per rank (parameters, gradients, optimizer state) comes from the real plan: the method is built on the
+meta device and, under trainer.fsdp, sharded by the trainer's own code on a fake process group of that many ranks
+(nothing is allocated, nothing is launched); with uneven shards the busiest rank is shown. `fastgen profile-memory`
+measures the real peak, activations included.
 """
 
 
@@ -95,32 +98,50 @@ def show_plan(config: BaseConfig, as_yaml: bool, world_size: int | None = None) 
 
 
 def memory_table(config: BaseConfig, model: Any, world_size: int | None = None) -> Any:
-    """The per-rank memory estimate (``fastgen.profiling.estimate``) as a Rich table."""
+    """The per-rank memory plan (``fastgen.profiling.plan``) as a Rich table: the busiest rank's bytes."""
     from rich.table import Table
 
-    from fastgen.profiling.estimate import estimate_memory
+    from fastgen.profiling.plan import plan_state
     from fastgen.profiling.report import fmt_bytes
 
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    estimate = estimate_memory(config, world_size=world_size, model=model)
-    layout = f"sharded over {world_size} ranks (FSDP)" if estimate["sharded"] else \
-        f"{world_size} rank{'s' if world_size > 1 else ''}, replicated" if world_size > 1 else "1 rank"
-    table = Table(title=f"memory per rank (estimate, {layout})", show_edge=False)
+    plan = plan_state(config, world_size, model=model)
+    busiest, lightest = plan.busiest, plan.lightest
+    which = f"; rank {busiest.rank}, which holds the most" if busiest.total != lightest.total else ""
+    table = Table(title=f"memory per rank (plan: {plan.layout}{which})", show_edge=False)
     table.add_column("state")
     table.add_column("bytes", justify="right")
     table.add_column("size", justify="right")
     table.add_column("counted from")
     notes = {
-        "parameters": "parameters and buffers of every module (EMA included)",
+        "parameters": "parameters and buffers of every module (EMA included)" + (", local shards" if plan.sharded else ""),
         "gradients": "one per parameter an optimizer steps",
-        "optimizer_state": estimate["method"],
+        "optimizer_state": plan.method,
     }
     for key, label in (("parameters", "parameters"), ("gradients", "gradients"), ("optimizer_state", "optimizer state")):
-        table.add_row(label, f"{estimate[key]:,}", fmt_bytes(estimate[key]), notes[key])
-    table.add_row("[bold]total[/bold]", f"{estimate['total']:,}", fmt_bytes(estimate["total"]),
+        value = getattr(busiest, key)
+        table.add_row(label, f"{value:,}", fmt_bytes(value), notes[key])
+    table.add_row("[bold]total[/bold]", f"{busiest.total:,}", fmt_bytes(busiest.total),
                   "+ activations: measure with `fastgen profile-memory`")
+    if busiest.total != lightest.total:
+        table.add_row(f"rank {lightest.rank} (least)", f"{lightest.total:,}", fmt_bytes(lightest.total),
+                      "uneven shards: torch.chunk gives the first ranks the larger pieces")
     return table
+
+
+def check_ranks(config: BaseConfig, world_size: int) -> None:
+    """Refuse what ``fastgen train --nproc-per-node`` would refuse: fewer than one rank, several ranks for a config
+    that distributes nothing (it would train a replica per rank), an HSDP shard size that does not divide them."""
+    from fastgen.profiling.plan import check_world_size
+    from fastgen.utils.errors import ConfigError
+
+    check_world_size(config.trainer, world_size)
+    if world_size > 1 and not (config.trainer.ddp or config.trainer.fsdp):
+        raise ConfigError(
+            f"a plan for {world_size} ranks needs a distributed config, as torchrun distributes training only when the "
+            "config sets trainer.ddp or trainer.fsdp: add - trainer.ddp=True (replicate the model) or - "
+            "trainer.fsdp=True (shard it)")
 
 
 def dryrun(
@@ -128,15 +149,28 @@ def dryrun(
     config: Optional[str] = typer.Option(None, "--config", "-c", help="Config .py file, config.yaml or recipe name.", show_default=False),
     as_yaml: bool = typer.Option(False, "--yaml", help="Print the resolved config as YAML instead of a tree."),
     log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
-    world_size: Optional[int] = typer.Option(None, "--world-size", help="Ranks for the per-rank memory estimate. Default: $WORLD_SIZE or 1.", show_default=False),
+    nproc_per_node: Optional[int] = typer.Option(
+        None, "--nproc-per-node", "--nproc_per_node", show_default=False, rich_help_panel="Distributed",
+        help="Plan the memory per rank of a job of this many workers per node (as `fastgen train --nproc-per-node`). "
+        "Default: $WORLD_SIZE or 1."),
+    nnodes: int = typer.Option(1, "--nnodes", rich_help_panel="Distributed", help="Number of nodes of that job."),
+    world_size: Optional[int] = typer.Option(None, "--world-size", show_default=False, rich_help_panel="Distributed",
+                                             help="Total ranks (--nproc-per-node N on one node)."),
 ) -> None:
     """Resolve, validate and print a config and its build plan (parameter counts, memory per rank); writes nothing."""
-    setup_logging(log_level)
-    if world_size is not None and world_size < 1:
-        from fastgen.utils.errors import UsageError
+    from fastgen.utils.errors import UsageError
 
-        raise UsageError(f"--world-size must be at least 1, got {world_size}")
-    show_plan(resolve_config(config, overrides), as_yaml, world_size)
+    setup_logging(log_level)
+    if world_size is not None and (nproc_per_node is not None or nnodes != 1):
+        raise UsageError("give either --world-size or --nproc-per-node / --nnodes, not both")
+    for flag, value in (("--nproc-per-node", nproc_per_node), ("--nnodes", nnodes), ("--world-size", world_size)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if world_size is None and (nproc_per_node is not None or nnodes != 1):
+        world_size = (nproc_per_node or 1) * nnodes
+    resolved = resolve_config(config, overrides)
+    check_ranks(resolved, world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1") or 1))
+    show_plan(resolved, as_yaml, world_size)
 
 
 def register(app: typer.Typer) -> None:

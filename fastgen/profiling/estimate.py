@@ -14,15 +14,15 @@ What it counts, per rank, in bytes:
   optimizer that cannot step on the meta device falls back to the rule above (Adam-like: 2 x parameters; SGD with
   momentum: 1 x; otherwise 0) and says so in ``method``.
 
-With ``trainer.fsdp`` and more than one rank, parameters, gradients and optimizer state are sharded: each rank
-holds ``1 / N`` of each (ZeRO stage 3 / FSDP full sharding, Rajbhandari et al. 2020, Fig. 1:
-``(2 + 2 + K) * Psi / N_d`` in their mixed-precision accounting). Activations depend on the batch and are not
-estimated: the report puts this estimate beside the measured peak to show how much they add.
+With ``trainer.fsdp`` and more than one rank, parameters, gradients and optimizer state are sharded (ZeRO stage
+3 / FSDP full sharding, Rajbhandari et al. 2020, Fig. 1): the numbers are then those of the busiest rank under
+the real sharding plan, from ``fastgen.profiling.plan`` (the trainer's ``parallelize`` on a fake process group).
+Activations depend on the batch and are not estimated: the report puts this estimate beside the measured peak to
+show how much they add.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from fastgen.utils.logging import get_logger
@@ -70,6 +70,10 @@ def estimate_memory(config: Any, world_size: int = 1, model: Any = None) -> dict
     """Bytes per rank of parameters, gradients and optimizer state (see the module docstring)."""
     import torch
 
+    if bool(getattr(config.trainer, "fsdp", False)) and int(world_size) > 1:  # the busiest rank of the real plan
+        from fastgen.profiling.plan import plan_state
+
+        return plan_state(config, int(world_size)).as_estimate()
     if model is None:
         model = build_meta_model(config)
     seen: set[int] = set()
@@ -115,8 +119,5 @@ def estimate_memory(config: Any, world_size: int = 1, model: Any = None) -> dict
             for p in stepped:
                 p.grad = None
     world_size = max(int(world_size), 1)
-    sharded = bool(getattr(config.trainer, "fsdp", False)) and world_size > 1
     values = {"parameters": parameters, "gradients": gradients, "optimizer_state": optimizer_state}
-    if sharded:
-        values = {k: math.ceil(v / world_size) for k, v in values.items()}
-    return {**values, "total": sum(values.values()), "world_size": world_size, "sharded": sharded, "method": method}
+    return {**values, "total": sum(values.values()), "world_size": world_size, "sharded": False, "method": method}

@@ -207,14 +207,16 @@ def test_dryrun_prints_the_per_rank_memory_estimate() -> None:
 
     config = load_config("Toy/config_sft_toy")
     estimate = estimate_memory(config)
-    result = run_cli("dryrun", "-c", "Toy/config_sft_toy", "--world-size", "4")
+    result = run_cli("dryrun", "-c", "Toy/config_sft_toy", "--world-size", "4", "-", "trainer.ddp=True")
     assert result.returncode == 0, result.stderr
-    assert "memory per rank (estimate, 4 ranks, replicated)" in result.stdout
+    assert "memory per rank (plan: replicated on 4 ranks (DDP))" in result.stdout
     for key in ("parameters", "gradients", "optimizer_state", "total"):
         assert f"{estimate[key]:,}" in result.stdout, key
     config.trainer.fsdp = True
     console = Console(record=True, width=200)
     console.print(memory_table(config, build_meta_model(config), world_size=4))
     text = console.export_text()
-    assert "sharded over 4 ranks" in text and f"{-(-estimate['parameters'] // 4):,}" in text
+    from fastgen.profiling.plan import plan_state
+
+    assert "sharded over 4 ranks" in text and f"{plan_state(config, 4).busiest.parameters:,}" in text
     json.dumps(estimate)  # plain data: it goes into the snapshot as is

@@ -56,7 +56,8 @@ def test_fsdp_shards_the_estimate_over_ranks() -> None:
     shard = estimate_memory(config, world_size=4)
     assert shard["sharded"]
     for key in ("parameters", "gradients", "optimizer_state"):
-        assert shard[key] == math.ceil(whole[key] / 4)
+        # the busiest rank of the real sharding plan (exact figures: tests/profiling/test_plan.py)
+        assert math.ceil(whole[key] / 4) <= shard[key] < whole[key] / 2
 
 
 def test_an_optimizer_that_cannot_step_on_meta_falls_back_to_the_rule() -> None:
