@@ -160,6 +160,14 @@ class MPConv(nn.Module):
         return f"{self.in_channels}, {self.out_channels}, kernel={tuple(self.weight.shape[2:])}"
 
 
+def _gains_as_vectors(state_dict: dict, prefix: str, *args: object) -> None:
+    """Load hook: checkpoints written when the learned gains were 0-dim scalars load into their (1,) shape."""
+    for name in ("emb_gain", "out_gain"):
+        key = prefix + name
+        if key in state_dict and state_dict[key].dim() == 0:
+            state_dict[key] = state_dict[key].reshape(1)
+
+
 def mpconv_weights(modules: nn.Module | Iterable[nn.Module]) -> list[torch.Tensor]:
     """The weights of every ``MPConv`` inside ``modules`` (each parameter once)."""
     if isinstance(modules, nn.Module):
@@ -237,6 +245,7 @@ class Block(nn.Module):
                  dropout: float = 0.0, res_balance: float = 0.3, attn_balance: float = 0.3,
                  clip_act: float | None = 256.0) -> None:
         super().__init__()
+        self._register_load_state_dict_pre_hook(_gains_as_vectors)
         self.out_channels = out_channels
         self.flavor = flavor
         self.resample_mode = resample_mode
@@ -246,7 +255,7 @@ class Block(nn.Module):
         self.res_balance = res_balance
         self.attn_balance = attn_balance
         self.clip_act = clip_act
-        self.emb_gain = nn.Parameter(torch.zeros([]))
+        self.emb_gain = nn.Parameter(torch.zeros([1]))  # shape (1,), not a scalar: FSDP2 shards dimension 0
         self.conv_res0 = MPConv(out_channels if flavor == "enc" else in_channels, out_channels, kernel=(3, 3))
         self.emb_linear = MPConv(emb_channels, out_channels, kernel=())
         self.conv_res1 = MPConv(out_channels, out_channels, kernel=(3, 3))
@@ -315,6 +324,7 @@ class EDM2UNet(nn.Module):
         use_r: bool = False,
     ) -> None:
         super().__init__()
+        self._register_load_state_dict_pre_hook(_gains_as_vectors)
         out_channels = out_channels or in_channels
         cblock = [model_channels * m for m in channel_mult]
         cnoise = model_channels * channel_mult_noise if channel_mult_noise is not None else cblock[0]
@@ -367,7 +377,7 @@ class EDM2UNet(nn.Module):
                 self.dec[f"{res}x{res}_block{idx}"] = Block(cin, cout, cemb, flavor="dec",
                                                             attention=res in attn_resolutions, **block_kwargs)
         self.out_conv = MPConv(cout, out_channels, kernel=(3, 3))
-        self.out_gain = nn.Parameter(torch.zeros([]))
+        self.out_gain = nn.Parameter(torch.zeros([1]))
 
         # Uncertainty head u(sigma) (EDM2 Sec. 5, Eq. 21; as in EDM2's Precond).
         self.logvar_fourier = MPFourier(logvar_channels)

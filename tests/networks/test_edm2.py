@@ -213,8 +213,8 @@ def test_untrained_net_returns_c_skip_x_and_gradients_flow() -> None:
     torch.testing.assert_close(net(x_t, t), c_skip.reshape(-1, 1, 1, 1) * x_t)  # out_gain starts at zero
 
     with torch.no_grad():  # move every zero-initialised gain off zero, so each weight influences the output
-        for p in net.parameters():
-            if p.ndim == 0:
+        for name, p in net.named_parameters():
+            if name.endswith("_gain"):
                 p.fill_(0.5)
     pred, logvar = net(x_t, t, condition=torch.tensor([1, 2, 3, 4]), return_logvar=True)
     ((pred.float() - 1).square().mean(dim=(1, 2, 3)) / logvar.exp() + logvar).mean().backward()
@@ -222,6 +222,17 @@ def test_untrained_net_returns_c_skip_x_and_gradients_flow() -> None:
         assert p.grad is not None, name
         assert torch.isfinite(p.grad).all(), name
         assert p.grad.abs().sum() > 0, name
+
+
+def test_gains_are_vectors_that_fsdp_can_shard_and_old_scalar_gains_load() -> None:
+    """FSDP2 shards parameters along dimension 0, so the learned gains are (1,) tensors, not scalars; a state dict
+    written when they were 0-dim loads into them."""
+    net = _tiny()
+    gains = {name: p for name, p in net.named_parameters() if name.endswith("_gain")}
+    assert gains and all(p.shape == (1,) for p in gains.values())
+    old = {k: (v.reshape(()) + 0.25 if k.endswith("_gain") else v) for k, v in net.state_dict().items()}
+    net.load_state_dict(old)
+    assert all(float(p) == 0.25 for p in gains.values())
 
 
 def test_config_helpers_build_a_diffusion_net() -> None:
