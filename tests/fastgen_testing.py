@@ -427,3 +427,25 @@ def write_cifar10_binary(folder: Path, per_file: int = 8, seed: int = 0,
         (folder / name).write_bytes(records.numpy().tobytes())
         written[name] = (images, labels)
     return written
+
+
+def gloo_results(target: Any, out_dir: Path, world: int = 2, timeout: float = 90.0) -> list[dict[str, Any]]:
+    """Run ``target(rank, world, port, out_dir)`` on ``world`` spawned ranks (each writes ``rank<r>.json`` with
+    ``finish_rank``) and return their results in rank order."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(target, args=(world, free_port(), str(out_dir)), nprocs=world, join=False,
+                                 start_method="spawn")
+    join_ranks(context, timeout=timeout)
+    return [json.loads((Path(out_dir) / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def finish_rank(out_dir: str, rank: int, result: Any) -> None:
+    """End a spawned test rank: leave the process group, write its result for ``gloo_results``, exit at once."""
+    import json
+
+    shutdown_gloo()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    exit_rank()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import os
 from pathlib import Path
@@ -11,10 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
-from fastgen_testing import exit_rank, free_port, join_ranks, shutdown_gloo
+from fastgen_testing import finish_rank, gloo_results
 
 from fastgen.callbacks.param_count import ParamCountCallback, count_parameters, format_table
 
@@ -91,17 +89,11 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         result = {"counts": callback.counts, "scalars": callback.trainer.scalars,  # type: ignore[attr-defined]
                   "plain": count_parameters(nn.Linear(16, 8))}
     finally:
-        shutdown_gloo()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    exit_rank()
+        finish_rank(out_dir, rank, result)
 
 
 def test_dtensor_sharded_linear_on_two_gloo_ranks(tmp_path: Path) -> None:
-    context = mp.start_processes(_rank_main, args=(2, free_port(), str(tmp_path)), nprocs=2, join=False,
-                                 start_method="spawn")
-    join_ranks(context, timeout=90)
-    for rank in (0, 1):
-        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for result in gloo_results(_rank_main, tmp_path, timeout=90):
         full = result["plain"]["total"]
         assert full == 136
         counts = result["counts"]["net"]

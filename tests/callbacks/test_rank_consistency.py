@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import datetime
-import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from fastgen.callbacks.param_count import ParamCountCallback
@@ -18,7 +16,7 @@ from fastgen.callbacks.rank_consistency import RankConsistencyCallback
 from fastgen.utils.fingerprint import _DTYPE_CODES, fingerprint_tensors, tensor_fingerprint
 from fastgen.trainer import Trainer
 from fastgen.utils.errors import FastGenRuntimeError
-from fastgen_testing import tiny_toy_config, exit_rank, free_port, join_ranks, shutdown_gloo
+from fastgen_testing import finish_rank, gloo_results, tiny_toy_config
 
 M64 = (1 << 64) - 1
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool]
@@ -196,16 +194,11 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         except FastGenRuntimeError as exc:
             result["sets"] = str(exc)
     finally:
-        shutdown_gloo()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    exit_rank()
+        finish_rank(out_dir, rank, result)
 
 
 def test_two_gloo_ranks_identical_pass_drift_raises(tmp_path: Path) -> None:
-    context = mp.start_processes(_rank_main, args=(2, free_port(), str(tmp_path)), nprocs=2, join=False,
-                                 start_method="spawn")
-    join_ranks(context, timeout=90)
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    results = gloo_results(_rank_main, tmp_path, timeout=90)
     n_tensors = len(RankConsistencyCallback(check_params=True).named_tensors(_tiny_model()))
     for result in results:
         assert result["identical"] == n_tensors  # and no exception: identical replicas pass

@@ -5,16 +5,14 @@ local shards."""
 from __future__ import annotations
 
 import datetime
-import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
-from fastgen_testing import exit_rank, free_port, join_ranks, shutdown_gloo
+from fastgen_testing import finish_rank, gloo_results
 
 
 def _join(rank: int, world: int, port: int) -> None:
@@ -101,16 +99,11 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         result["stop"] = dist_utils.any_rank(rank == 0)
         result["no_stop"] = dist_utils.any_rank(False)
     finally:
-        shutdown_gloo()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    exit_rank()
+        finish_rank(out_dir, rank, result)
 
 
 def test_collective_decisions_and_local_shard_updates(tmp_path: Path) -> None:
-    context = mp.start_processes(_rank_main, args=(2, free_port(), str(tmp_path)), nprocs=2, join=False,
-                                 start_method="spawn")
-    join_ranks(context, timeout=120)
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    results = gloo_results(_rank_main, tmp_path, timeout=120)
     for result in results:
         assert abs(result["norm"] - result["expected_norm"]) <= 1e-5 * result["expected_norm"], result
         assert result["clipped_match"] and result["ema_match"], result

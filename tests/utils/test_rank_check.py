@@ -6,14 +6,12 @@ The whole command, through the real launcher, is tested in tests/e2e/test_check_
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import threading
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from fastgen.cli.launching import worker_argv
 from fastgen.utils.errors import UsageError
@@ -27,7 +25,7 @@ from fastgen.utils.rank_check import (
     environment_info,
     read_checkpoint,
 )
-from fastgen_testing import exit_rank, free_port, join_ranks, shutdown_gloo, tiny_toy_config
+from fastgen_testing import finish_rank, gloo_results, tiny_toy_config
 
 
 # ---- the comparison ------------------------------------------------------------------------------------------------
@@ -142,16 +140,11 @@ def _compare_main(rank: int, world: int, port: int, out_dir: str) -> None:
             found, compared, error = compare_tier3(_material(rank, case), group=None)
             results[case] = {"lines": [f.line() for f in found], "compared": compared, "error": error}
     finally:
-        shutdown_gloo()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
-    exit_rank()
+        finish_rank(out_dir, rank, results)
 
 
 def test_tier3_comparison_over_two_gloo_ranks(tmp_path: Path) -> None:
-    context = mp.start_processes(_compare_main, args=(2, free_port(), str(tmp_path)), nprocs=2, join=False,
-                                 start_method="spawn")
-    join_ranks(context, timeout=90)
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    results = gloo_results(_compare_main, tmp_path, timeout=90)
     assert results[0] == results[1]  # every rank reaches the same verdict
     drift = results[0]["drift"]["lines"]
     assert len(drift) == 3, drift
