@@ -45,6 +45,12 @@ same code path, so the k-th draw means the same draw on every rank and at every 
 ``TorchNoise`` has the same interface on torch's own generator (the global one by default): the fallback for a
 step that is not bound to keyed sample ids (unit tests that call ``single_train_step`` directly, or a custom loader
 that gives no ``sample_ids``).
+
+**What stays world-size dependent.** Anything that reads several samples of a rank's batch at once: f-distill's
+weights are normalised by their mean over the batch, a minibatch-std discriminator groups a rank's samples, and
+network dropout draws from torch's generator. Gradient accumulation splits a step's samples differently from
+ranks (the loader's order), so "W ranks x R rounds" agrees with "W' ranks x R' rounds" only when ``W R = W' R'``
+and ``R = R'``.
 """
 
 from __future__ import annotations
