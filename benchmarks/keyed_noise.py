@@ -11,11 +11,17 @@ without it.
    ``FastGenModel.bind_batch`` patched to torch's global generator (what every draw used before keyed noise:
    the same calls, in the same order). Runs alternate ``keyed, global, keyed, global ...``; the it/s is the
    trainer's logged rate over iterations 101-200 (start-up, the first 100 steps and the final checkpoint are
-   outside it); the result is the median of the per-round ratios keyed / global.
+   outside it); the result is the median of the per-round ratios keyed / global. On a shared machine whose speed
+   drifts over tens of seconds this is coarse (the trainer logs one decimal), hence part 3.
+3. **Steps** (``--part steps``): the quick-start's own training step (model, optimizers and data loader of
+   ``Digits/config_dmd2_digits``, batch 64; forward, backward and optimizer step, student and critic iterations
+   alternating as in training) timed in one process, keyed and global alternating step by step (``A B B A ...``)
+   so both see the same machine state; the ratio of the median step times keyed / global.
 
 Usage::
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/keyed_noise.py [--part generator|quickstart|all] [--rounds 3]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/keyed_noise.py [--part generator|quickstart|steps|all]
+                                                                 [--rounds 3] [--steps 200]
 """
 
 from __future__ import annotations
@@ -104,9 +110,45 @@ def quickstart_part(rounds: int) -> None:
     print(f"median ratio keyed / global: {statistics.median(ratios):.3f}")
 
 
+def steps_part(steps: int) -> None:
+    from fastgen.configs.config_utils import load_config, validate_config
+    from fastgen.configs.instantiate import instantiate
+    from fastgen.utils.keyed_rng import GLOBAL_NOISE
+
+    torch.manual_seed(0)
+    config = validate_config(load_config("Digits/config_dmd2_digits"))
+    model = instantiate(config.model_class, config=config.model)
+    model.init_weights()
+    model.init_optimizers()
+    model.train()
+    loader = instantiate(config.dataloader_train)
+    times: dict[str, list[float]] = {"keyed": [], "global": []}
+    for i in range(steps + 4):
+        data = next(loader)
+        for arm in (("keyed", "global") if i % 2 else ("global", "keyed")):
+            t0 = time.perf_counter()
+            if arm == "keyed":
+                with model.bind_batch(data, i, seed=0):
+                    loss, _ = model.single_train_step(data, i)
+            else:
+                assert model.rng is GLOBAL_NOISE
+                loss, _ = model.single_train_step(data, i)
+            loss["total_loss"].backward()
+            for name in model.get_optimizers(i):
+                model.optimizers[name].step()
+            for optimizer in model.optimizers.values():
+                optimizer.zero_grad(set_to_none=True)
+            if i >= 4:  # warm-up steps
+                times[arm].append(time.perf_counter() - t0)
+    keyed, plain = statistics.median(times["keyed"]), statistics.median(times["global"])
+    print(f"quick-start step ({steps} steps per side, alternating): keyed {1e3 * keyed:.1f} ms, global "
+          f"{1e3 * plain:.1f} ms, ratio keyed / global {keyed / plain:.3f} (it/s ratio {plain / keyed:.3f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--part", choices=("generator", "quickstart", "all"), default="all")
+    parser.add_argument("--part", choices=("generator", "quickstart", "steps", "all"), default="all")
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per side of part 3 (default 200)")
     parser.add_argument("--rounds", type=int, default=3, help="quick-start round pairs (default 3)")
     parser.add_argument("--calls", type=int, default=30, help="timed generator calls per side (default 30; x10 "
                         "for the small batch)")
@@ -117,6 +159,9 @@ def main() -> None:
         generator_part(args.threads, args.calls)
     if args.part in ("quickstart", "all"):
         quickstart_part(args.rounds)
+    if args.part in ("steps", "all"):
+        torch.set_num_threads(1)
+        steps_part(args.steps)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ integer ops and never relies on signed overflow: a multiplier ``m >= 2^31`` is r
 residue mod ``2^32``), so every product stays below ``2^63`` in magnitude, and ``& (2^32 - 1)`` reduces it.
 
 **Keys.** A row's 32-bit key chains the hash over its key words, ``k <- lowbias32(k ^ w)`` for ``w`` in
-``(domain, seed lo/hi, stream, step lo/hi, draw, id lo/hi, copy)``: each word enters a bijection, so rows that
-differ in one word never share a key through that word (two rows can still collide by chance, ~``R^2 / 2^33``
-for ``R`` rows of a step). Element ``e`` of a row with key ``K`` gets ``lowbias32(K ^ g(e))`` with
+``(domain, seed lo/hi, stream, step lo/hi, draw, id lo, id hi | copy << 20)`` (the words before the id are
+Python ints, hashed once per draw; ids below ``2^52`` and copies below ``2^12`` are distinct): each word enters
+a bijection, so rows that differ in one word never share a key through that word (two rows can still collide by
+chance, ~``R^2 / 2^33`` for ``R`` rows of a step). Element ``e`` of a row with key ``K`` gets ``lowbias32(K ^ g(e))`` with
 ``g(e) = lowbias32(e + c)``: one hash per element, and two rows' element sets overlap only at isolated points
 (``g(e1) ^ g(e2) = K_a ^ K_b``), never as shifted copies as plain ``K ^ e`` would.
 
@@ -55,6 +56,7 @@ and ``R = R'``.
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Iterator, Sequence
@@ -68,6 +70,8 @@ _FINAL_SHIFT = 16
 _ELEMENT_SALT = 0x9E3779B9  # the golden-ratio constant: g(e) = lowbias32(e + c) does not start at lowbias32(0)
 _DOMAIN_ROWS, _DOMAIN_SHARED = 0x52574B59, 0x53484152  # key-word 0: per-sample rows vs step-shared draws
 _TWO_PI = 2.0 * math.pi
+_COPY_SHIFT = 20  # the last key word: id bits 32..51, then the copy index in bits 20..31
+_ID_HIGH_MASK, _COPY_MASK = (1 << _COPY_SHIFT) - 1, (1 << (32 - _COPY_SHIFT)) - 1
 
 Shape = Union[int, Sequence[int], torch.Size]
 
@@ -117,6 +121,12 @@ def _chain(key: torch.Tensor, *words: torch.Tensor) -> torch.Tensor:
     for word in words:
         key = lowbias32(key.bitwise_xor_(word))
     return key
+
+
+@functools.lru_cache(maxsize=64)
+def _element_hashes(width: int, device: torch.device) -> torch.Tensor:
+    """``g(e) = lowbias32(e + c)`` for ``e < width`` (cached: every draw of a row size needs the same ones)."""
+    return lowbias32(torch.arange(width, dtype=torch.int64, device=device).add_(_ELEMENT_SALT))
 
 
 def _shape(shape: Shape) -> tuple[int, ...]:
@@ -198,6 +208,8 @@ class KeyedNoise:
         """Sample ids and copy indices of ``n`` rows cycling through the batch: row ``j`` is sample ``j % B`` with
         copy ``copies[j % B] + (j // B) (max copy + 1)`` (distinct also for a view of a view)."""
         batch = self.sample_ids.numel()
+        if n == batch:
+            return self.sample_ids, self.copies
         j = torch.arange(n, device=self.sample_ids.device)
         span = int(self.copies.max()) + 1 if n > batch else 1
         return self.sample_ids[j % batch], self.copies[j % batch] + (j // batch) * span
@@ -213,7 +225,8 @@ class KeyedNoise:
                              "dimension must be a multiple of the batch (rows(n) gives a pool of n draws)")
         ids, copies = self._expand(rows)
         ids, copies = ids.to(device), copies.to(device)
-        return _chain((ids & MASK32) ^ self._prefix(_DOMAIN_ROWS, draw), (ids >> 32) & MASK32, copies)
+        high = ((ids >> 32) & _ID_HIGH_MASK).bitwise_or_((copies & _COPY_MASK) << _COPY_SHIFT)
+        return _chain((ids & MASK32) ^ self._prefix(_DOMAIN_ROWS, draw), high)
 
     def _hash_blocks(self, shape: tuple[int, ...], device: torch.device | str | None, pair: bool = False
                      ) -> tuple[tuple[int, int, int], Iterator[tuple[torch.Tensor, slice, slice]]]:
@@ -229,7 +242,7 @@ class KeyedNoise:
             rows, per_row = shape[0], math.prod(shape[1:])
         keys = self._row_keys(rows, device).unsqueeze(1)
         width = per_row + (per_row % 2 if pair else 0)
-        elements = lowbias32(torch.arange(width, dtype=torch.int64, device=device).add_(_ELEMENT_SALT))
+        elements = _element_hashes(width, device)
         block = CPU_BLOCK if device.type == "cpu" else max(rows * width, 1)
         cols = min(width, max(block - block % 2, 2))
         rows_per_block = max(1, block // max(cols, 1))
