@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import default_collate
 
 from fastgen.utils import distributed as dist_utils
+from fastgen.utils.errors import UsageError
 
 
 class ResumableLoader:
@@ -103,7 +104,7 @@ class ResumableLoader:
         if "global_position" in state and int(state.get("world_size", self.world_size)) != self.world_size:
             consumed = int(state["global_position"])
             if consumed % self.world_size:
-                raise ValueError(f"the checkpoint's loader stopped after {consumed} samples of its epoch, which "
+                raise UsageError(f"the checkpoint's data loader stopped after {consumed} samples of its epoch, which "
                                  f"{self.world_size} ranks cannot split evenly; resume with a world size that divides it")
             self.position = consumed // self.world_size
         else:

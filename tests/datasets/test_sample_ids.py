@@ -69,6 +69,16 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one_rank_at_the_same_global_batch(
     assert torch.equal(following[0], straight_next[0::2]) and torch.equal(following[1], straight_next[1::2])
 
 
+def test_a_world_size_that_cannot_split_the_consumed_samples_is_a_usage_error() -> None:
+    from fastgen.utils.errors import UsageError
+
+    dataset = ToyDataset("eight_gaussians", num_samples=60)
+    loader = ResumableLoader(dataset, batch_size=2, seed=0, rank=0, world_size=2)
+    next(loader)  # 2 ranks x 2 samples = 4 consumed
+    with pytest.raises(UsageError, match="world size that divides"):
+        ResumableLoader(dataset, batch_size=2, seed=0, rank=0, world_size=3).load_state_dict(loader.state_dict())
+
+
 def test_a_state_without_a_global_position_resumes_at_the_same_world_size() -> None:
     dataset = ToyDataset("eight_gaussians", num_samples=50)
     loader = ResumableLoader(dataset, batch_size=8, seed=2, rank=0, world_size=1)
