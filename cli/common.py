@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from fastgen.configs.config import BaseConfig
 
 DEFAULT_RECIPE = "Digits/config_dmd2_digits"
+ARGV: list[str] = []  # the command line as `main` received it (the launcher hands it on to its workers)
 _console: Console | None = None
 _out: Console | None = None
 

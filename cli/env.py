@@ -34,7 +34,7 @@ def collect(credentials_dir: str) -> dict[str, dict[str, str]]:
     import torch
 
     from fastgen import __version__
-    from fastgen.utils.env import describe_credentials, load_credentials, output_root
+    from fastgen.utils.env import data_root, describe_credentials, load_credentials, output_root
 
     load_credentials(credentials_dir)
     versions = {
@@ -55,7 +55,7 @@ def collect(credentials_dir: str) -> dict[str, dict[str, str]]:
         "working directory": str(Path.cwd()),
         ".env": str(Path(".env").resolve()) + (" (loaded)" if Path(".env").is_file() else " (none)"),
         "FASTGEN_OUTPUT_ROOT": str(output_root().resolve()),
-        "DATA_ROOT_DIR": os.environ.get("DATA_ROOT_DIR", "(not set)"),
+        "DATA_ROOT_DIR": str(Path(data_root()).resolve()) + ("" if os.environ.get("DATA_ROOT_DIR") else " (default)"),
         "CKPT_ROOT_DIR": os.environ.get("CKPT_ROOT_DIR", "(not set)"),
         "credentials_dir": str(Path(credentials_dir).resolve()) + ("" if Path(credentials_dir).is_dir() else " (missing)"),
     }

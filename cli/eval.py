@@ -33,7 +33,7 @@ cifar10/imagenet fid. The data set is read from the file (fastgen sample records
 
 
 def eval_samples(
-    samples: str = typer.Argument(..., metavar="SAMPLES", help="An .npz of samples (arr_0, optional arr_1) or a folder of them."),
+    samples: str = typer.Argument(..., metavar="SAMPLES", help="An .npz of samples (arr_0, optional arr_1), a folder of them, or a run directory (its samples/)."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="digits, toy:<name>, cifar10 or imagenet (default: detected).", show_default=False),
     inception_weights: Optional[str] = typer.Option(None, "--inception-weights", help="FID InceptionV3 state dict (default: $FASTGEN_INCEPTION_WEIGHTS).", show_default=False),
     ref_stats: Optional[str] = typer.Option(None, "--ref-stats", help="FID reference: .npz with mu/sigma, .npz of images, or an image folder.", show_default=False),

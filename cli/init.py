@@ -43,7 +43,7 @@ def init(
     name: str = typer.Argument(..., help="Path of the new config (the .py suffix is added when missing)."),
     from_recipe: str = typer.Option(DEFAULT_RECIPE, "--from", help="Built-in recipe to start from."),
     callback: bool = typer.Option(False, "--callback", help="Also scaffold a custom callback and register it."),
-    env: bool = typer.Option(False, "--env", help="Also write .env from the template (if none exists)."),
+    env: bool = typer.Option(False, "--env", help="Also write .env from the template (an existing .env is kept unless --force)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
 ) -> None:
     """Scaffold a custom experiment config from a built-in recipe."""
@@ -82,7 +82,10 @@ def init(
         callback_import=callback_import, callback_registration=callback_registration,
     )))
     if env:
-        files.append((Path(".env"), _template("env.example").template))
+        if Path(".env").exists() and not force:
+            console().print("kept the existing .env (use --force to overwrite it)")
+        else:
+            files.append((Path(".env"), _template("env.example").template))
     for target, _ in files:  # refuse before writing anything
         if target.exists() and not force:
             raise UsageError(f"{target} exists already; use --force to overwrite it")

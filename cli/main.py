@@ -62,30 +62,56 @@ eval_cmd.register(app)
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
+    from fastgen.cli import common
     from fastgen.utils.errors import FastGenError
 
+    common.ARGV = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get("FASTGEN_DEBUG") == "1"
     try:
         app(args=argv, prog_name="fastgen")
+    except SystemExit as exc:
+        # Typer turns Ctrl-C (KeyboardInterrupt) inside a command into a silent exit 130; say what happened.
+        # A run that was starting has already removed what it created (fastgen.trainer).
+        if exc.code == 130:
+            _fail("interrupted (Ctrl-C)", 130)
+        raise
     except FastGenError as exc:
         if debug:
             raise
-        from fastgen.cli.common import print_error
-
-        print_error(str(exc))
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code, secondary=_follows_another_rank(exc))
     except KeyboardInterrupt:
-        from fastgen.cli.common import print_error
-
-        print_error("interrupted")
-        sys.exit(130)
+        _fail("interrupted (Ctrl-C)", 130)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 1
         if debug:
             raise
-        from fastgen.cli.common import print_error
+        text = " ".join(str(exc).split())
+        _fail(f"{type(exc).__name__}: {text} (run with FASTGEN_DEBUG=1 for the traceback)", 1,
+              secondary=_follows_another_rank(exc))
 
-        print_error(f"{type(exc).__name__}: {exc} (run with FASTGEN_DEBUG=1 for the traceback)")
-        sys.exit(1)
+
+def _fail(message: str, code: int, secondary: bool = False) -> None:
+    """End the command with one line. A worker of a multi-rank run names its rank; one started by `fastgen ...
+    --nproc-per-node` leaves the line to its launcher, which reports the rank that failed first."""
+    from fastgen.cli.common import print_error
+    from fastgen.utils.distributed import get_rank, launched_world_size
+
+    if launched_world_size() > 1:
+        from fastgen.utils.launch import launched, record_worker_error
+
+        message = f"rank {get_rank()}: {message}"
+        if launched() and record_worker_error(message, secondary=secondary, exit_code=code):
+            sys.exit(code)
+    print_error(message)
+    sys.exit(code)
+
+
+def _follows_another_rank(exc: BaseException) -> bool:
+    """A collective that failed because a peer went away: the peer's own failure is the one to report."""
+    if os.environ.get("WORLD_SIZE", "1") in ("", "1"):
+        return False
+    from fastgen.utils.distributed import is_peer_failure
+
+    return is_peer_failure(exc)
 
 
 if __name__ == "__main__":

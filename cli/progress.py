@@ -1,6 +1,8 @@
-"""A live progress bar (loss, it/s, ETA) for interactive terminals, as a trainer callback.
+"""A live progress bar (loss, it/s, global samples/s, ETA) for interactive terminals, as a trainer callback.
 
-The loss is read at most five times a second, so the bar adds no device sync to most steps.
+Only rank 0 shows it. Throughput is global: optimizer steps per second times the global batch (every rank's
+samples, every accumulation round). The loss is rank 0's, read at most five times a second, so the bar adds no
+device sync and no collective to most steps.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class ProgressBarCallback(Callback):
             MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}"),
             TextColumn("{task.fields[rate]} it/s"),
+            TextColumn("{task.fields[samples]} samples/s"),
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
@@ -35,7 +38,7 @@ class ProgressBarCallback(Callback):
         )
         self.progress.start()
         self.task = self.progress.add_task("train", total=self.config.trainer.max_iter, completed=iteration,
-                                           loss="-", rate="-")
+                                           loss="-", rate="-", samples="-")
         self._start_iter, self._start_time = iteration, time.perf_counter()
 
     def on_training_step_end(self, model: Any, data_batch: dict, output_batch: dict, loss_dict: dict, iteration: int = 0) -> None:
@@ -45,7 +48,9 @@ class ProgressBarCallback(Callback):
         self._last = now
         rate = (iteration - self._start_iter) / max(now - self._start_time, 1e-9)
         loss = float(loss_dict["total_loss"].detach())
-        self.progress.update(self.task, completed=iteration, loss=f"{loss:.4f}", rate=f"{rate:.1f}")
+        samples = rate * self.trainer.global_batch_size
+        self.progress.update(self.task, completed=iteration, loss=f"{loss:.4f}", rate=f"{rate:.1f}",
+                             samples=f"{samples:,.0f}")
 
     def on_app_end(self) -> None:
         if self.progress is not None:

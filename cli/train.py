@@ -33,6 +33,14 @@ Examples:
   fastgen train --config=Digits/config_sft_digits --dryrun
   fastgen train --config=Digits/config_sft_digits --log_level DEBUG
 
+\b
+  # distributed: 2 processes on this machine (torchrun's agent; gloo on CPU, NCCL on GPUs), DDP or FSDP2
+  fastgen train --config=Digits/config_sft_digits --nproc-per-node 2 - trainer.ddp=True
+  fastgen train --config=Digits/config_sft_digits --nproc-per-node 8 - trainer.fsdp=True
+  # two nodes: the same command on each, --node-rank 0 on the node at --rdzv-endpoint
+  fastgen train -c Digits/config_sft_digits --nnodes 2 --node-rank 0 --nproc-per-node 8 \\
+      --rdzv-endpoint node0:29500 - trainer.fsdp=True
+
 Overrides: key=value changes a key, +key=value adds one, ++key=value does either, key=null sets None,
 ~key deletes a dict key. A run resumes from its newest checkpoint (trainer.resume=True); give independent
 runs distinct names with log_config.name=...
@@ -49,10 +57,30 @@ def train(
         help="After training, score this many samples of the model (and of its teacher, when it distills one) "
         "with `fastgen eval`'s metrics (the teacher's scores are cached beside its checkpoint). "
         "Default: 5000 for the quick-start, 0 otherwise."),
+    nproc_per_node: Optional[int] = typer.Option(
+        None, "--nproc-per-node", "--nproc_per_node", show_default=False, rich_help_panel="Distributed",
+        help="Launch this many worker processes on this node through torchrun's agent (torch.distributed.run); "
+        "the config must set trainer.ddp or trainer.fsdp."),
+    nnodes: str = typer.Option("1", "--nnodes", rich_help_panel="Distributed", help="Number of nodes (N or MIN:MAX), as torchrun."),
+    node_rank: int = typer.Option(0, "--node-rank", "--node_rank", rich_help_panel="Distributed", help="This node's rank (multi-node)."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", "--rdzv_endpoint", show_default=False, rich_help_panel="Distributed",
+                                                help="HOST:PORT of node 0 for multi-node rendezvous."),
+    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", "--rdzv_id", show_default=False, rich_help_panel="Distributed",
+                                          help="Rendezvous id, as torchrun."),
+    max_restarts: int = typer.Option(0, "--max-restarts", "--max_restarts", rich_help_panel="Distributed",
+                                     help="Restart the workers this many times after a failure (they resume from the newest checkpoint)."),
 ) -> None:
     """Train or distill a model."""
     setup_logging(log_level)
     resolved = resolve_config(config, overrides)
+    if nproc_per_node is not None or nnodes != "1":
+        if dryrun:
+            from fastgen.utils.errors import UsageError
+
+            raise UsageError("--dryrun does not launch workers; use `fastgen dryrun --nproc-per-node N` for the "
+                             "per-rank plan")
+        _launch(resolved, nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, rdzv_id, max_restarts)
+        return
     if dryrun:
         from fastgen.cli.dryrun import show_plan
 
@@ -61,14 +89,60 @@ def train(
     from fastgen.cli.progress import ProgressBarCallback
     from fastgen.trainer import Trainer
 
-    extra = {"_progress_bar": ProgressBarCallback(console())} if interactive() else {}
+    from fastgen.utils.distributed import get_rank, launched_world_size
+
+    rank0 = get_rank() == 0
+    extra = {"_progress_bar": ProgressBarCallback(console())} if interactive() and rank0 else {}
     trainer = Trainer(resolved, extra_callbacks=extra)
     model = trainer.run()
+    if not rank0:
+        return  # rank 0 reports and evaluates
     _summary(trainer)
     if eval_samples is None:
         eval_samples = QUICKSTART_EVAL_SAMPLES if config is None else 0
     if eval_samples > 0:
+        if launched_world_size() > 1:  # the networks may be sharded: evaluate the saved weights, on this rank
+            from fastgen.evaluation.sampling import load_run, resolve_device
+
+            model = load_run(trainer.last_checkpoint, config=resolved, device=resolve_device("auto")).model
         _evaluate(model, resolved, eval_samples, trainer.run_dir)
+
+
+LAUNCHER_FLAGS = ("--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank", "--node_rank", "--rdzv-endpoint",
+                  "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--max-restarts", "--max_restarts")
+
+
+def worker_argv(argv: list[str]) -> list[str]:
+    """The command line without the launcher's flags: what each worker runs."""
+    out, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        name = token.split("=", 1)[0]
+        if name in LAUNCHER_FLAGS:
+            skip = "=" not in token
+            continue
+        out.append(token)
+    return out
+
+
+def _launch(config, nproc_per_node: int, nnodes: str, node_rank: int, rdzv_endpoint, rdzv_id, max_restarts: int) -> None:  # noqa: ANN001
+    """Start the workers through torchrun's agent (fastgen.utils.launch) with this command minus the launch flags.
+    The config was resolved here first, so a bad config fails once, before any worker starts."""
+    from fastgen.cli.common import ARGV
+    from fastgen.utils.errors import ConfigError
+    from fastgen.utils.launch import launch, torchrun_args
+
+    if not (config.trainer.ddp or config.trainer.fsdp):
+        raise ConfigError("torchrun distributes training only when the config sets trainer.ddp or trainer.fsdp: add "
+                          "- trainer.ddp=True (replicate the model) or - trainer.fsdp=True (shard it)")
+    shard_size = config.trainer.fsdp_shard_size
+    world = nproc_per_node * int(nnodes.split(":")[-1]) if nnodes.split(":")[-1].isdigit() else None
+    if config.trainer.fsdp and shard_size is not None and world is not None and world % shard_size:
+        raise ConfigError(f"trainer.fsdp_shard_size={shard_size} must divide the world size {world}")
+    args = torchrun_args(nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_id, max_restarts)
+    launch(worker_argv(ARGV), args, nproc_per_node)
 
 
 QUICKSTART_EVAL_SAMPLES = 5000  # at 1,000 the same teacher's score moves by +-0.25 from seed to seed

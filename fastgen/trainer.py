@@ -56,9 +56,17 @@ from fastgen.callbacks.callback import Callback, CallbackDict
 from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
 from fastgen.utils import distributed as dist_utils
-from fastgen.utils.checkpointer import FORMAT, Checkpointer, load_checkpoint
-from fastgen.utils.errors import CheckpointError, ConfigError, TrainingInterrupted, UsageError
+from fastgen.utils.checkpointer import FORMAT, Checkpointer, CorruptCheckpointError, load_checkpoint
+from fastgen.utils.errors import CheckpointError, ConfigError, TrainingInterrupted
 from fastgen.utils.logging import get_logger
+from fastgen.utils.parallelize import (
+    full_optimizer_state_dict,
+    parallelize,
+    full_state_dict,
+    load_full_optimizer_state_dict,
+    load_full_state_dict,
+    set_gradient_sync,
+)
 from fastgen.utils.rng import capture_rng_state, restore_rng_state, seed_everything
 from fastgen.utils.schedules import warn_on_schedule_length_mismatches
 
@@ -73,6 +81,57 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(v, device) for v in batch)
     return batch
+
+
+def _build_loader(node: Any, key: str) -> Any:
+    """Instantiate a data loader config; a batch that does not fit the data set on this many ranks is a config
+    error naming the key."""
+    if node is None:
+        return None
+    try:
+        return instantiate(node)
+    except ValueError as exc:
+        if "too small for batch_size" in str(exc):
+            raise ConfigError(f"{key}: {exc}; lower {key}.batch_size") from None
+        raise
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as the one line the command line prints for it."""
+    from fastgen.utils.errors import FastGenError
+
+    text = " ".join(str(exc).split())
+    if isinstance(exc, FastGenError):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _log_modules(model: Any) -> None:
+    """DEBUG: every network the method built - parameters, trainable, device, dtype."""
+    if not logger.isEnabledFor(10):
+        return
+    for name, module in model.named_modules():
+        if name.count(".") > (1 if name.startswith("ema_nets.") else 0) or not name or name == "ema_nets":
+            continue
+        params = list(module.parameters())
+        if not params:
+            continue
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        logger.debug("module %s: %s, %s parameters (%s trainable), %s, %s", name, type(module).__name__,
+                     f"{sum(p.numel() for p in params):,}", f"{trainable:,}", params[0].device, params[0].dtype)
+
+
+def _log_optimizers(model: Any) -> None:
+    """DEBUG: each optimizer's type and parameter groups, and its scheduler."""
+    if not logger.isEnabledFor(10):
+        return
+    for name, optimizer in model.optimizer_dict.items():
+        groups = "; ".join(
+            f"group {i}: {sum(p.numel() for p in g['params']):,} parameters, lr {g.get('lr')}"
+            for i, g in enumerate(optimizer.param_groups))
+        scheduler = model.scheduler_dict.get(name)
+        logger.debug("optimizer %s: %s (%s)%s", name, type(optimizer).__name__, groups,
+                     f", scheduler {type(scheduler).__name__}" if scheduler is not None else "")
 
 
 class Trainer:
@@ -106,6 +165,8 @@ class Trainer:
         for name, callback in (extra_callbacks or {}).items():
             self.callbacks.add(name, callback)
         self.callbacks.bind(config, self)
+        for name, callback in self.callbacks.items():
+            logger.debug("callback %s: %s.%s", name, type(callback).__module__, type(callback).__qualname__)
 
     # ---- API for callbacks -------------------------------------------------------------------------------
     def skip_step(self, reason: str) -> None:
@@ -126,41 +187,71 @@ class Trainer:
 
     # ---- the run ---------------------------------------------------------------------------------------------
     def run(self) -> Any:
-        """Train; return the model. ``on_app_end`` runs even when training raises."""
+        """Train; return the model. ``on_app_end`` runs even when training raises.
+
+        Under a multi-rank launch the process group is joined first (``init_distributed``) and left at the end.
+        Rank 0 decides whether this is a fresh run or a resume (and from which checkpoint) and tells the others;
+        networks are built with the shared seed, so every rank starts from the same weights; data and noise
+        streams then differ per rank (noise is keyed by each sample's global index, see ``bind_batch``).
+        """
         cb = self.callbacks
-        self.prepare_run_dir()
-        seed_everything(self.config.trainer.seed + dist_utils.get_rank())
+        owns_group = not dist_utils.is_initialized()
+        self.mesh = dist_utils.init_distributed(self.config.trainer)
+        watch = dist_utils.FailureWatch(self._on_peer_failure).start()
         try:
+            self.prepare_run_dir()
+            seed_everything(self.config.trainer.seed)
             cb.on_app_begin()
+            resume_from = self._choose_checkpoint()
             cb.on_model_init_start()
-            model = self._build_model()
+            model = self._build_model(fresh=resume_from is None)
             cb.on_model_init_end(model)
             cb.on_optimizer_init_start(model)
             model.init_optimizers()
+            _log_optimizers(model)
             warn_on_schedule_length_mismatches(model, self.config.trainer.max_iter)
             cb.on_optimizer_init_end(model)
             cb.on_load_checkpoint_start(model)
-            checkpoint_path, payload = self._load_checkpoint(model)
+            checkpoint_path, payload = self._load_checkpoint(model, resume_from)
             cb.on_load_checkpoint_end(model, iteration=self.iteration, checkpoint_path=checkpoint_path)
             cb.on_dataloader_init_start(model)
             self._build_dataloaders(payload)
             cb.on_dataloader_init_end(model, dataloader_train=self.dataloader_train, dataloader_val=self.dataloader_val)
             if payload is not None:
                 restore_rng_state(payload["rng"][dist_utils.get_rank() % len(payload["rng"])])
+            elif dist_utils.get_world_size() > 1:
+                seed_everything(self.config.trainer.seed + dist_utils.get_rank())  # rank-local streams from here
             del payload
+            cb.on_train_begin(model, iteration=self.iteration)
+            self._write_config_yaml()
             with self._stop_on_signals():
                 self._train(model)
             return model
         except BaseException as exc:
             self.exception = exc
+            if dist_utils.get_world_size() > 1:
+                dist_utils.report_failure(_one_line(exc), secondary=dist_utils.is_peer_failure(exc),
+                                          exit_code=getattr(exc, "exit_code", 1))
             raise
         finally:
+            watch.stop()
             cb.on_app_end()
             self._discard_unused_run_dir()
+            if owns_group:
+                dist_utils.teardown()
+
+    def _on_peer_failure(self, message: str) -> None:
+        """Another rank failed (``FailureWatch``) and this one is still running - most likely blocked in a
+        collective that will never complete - so it ends at once with one line naming that rank. A run that had
+        not finished its first iteration leaves no run directory (as in ``run``); checkpoints are kept."""
+        if self.exception is None:
+            self.exception = RuntimeError(message)
+        self._discard_unused_run_dir()
+        dist_utils.exit_on_peer_failure(message)
 
     def prepare_run_dir(self) -> None:
-        """Check the run directory is writable, then write the resolved ``config.yaml`` (secrets redacted)."""
-        from fastgen.configs.config_utils import save_config_yaml
+        """Create the run and checkpoint folders and prove they are writable (rank 0). ``config.yaml`` is written
+        later, once start-up has succeeded (``_write_config_yaml``)."""
         from fastgen.utils.env import load_credentials
         from fastgen.utils.io import check_writable_dir, outermost_missing_folder
 
@@ -169,18 +260,28 @@ class Trainer:
             self._created_output_dir = outermost_missing_folder(self.run_dir)
             check_writable_dir(self.run_dir)
             check_writable_dir(self.checkpointer.save_dir)
-            save_config_yaml(self.config, self.run_dir / "config.yaml")
+            logger.debug("run directory %s (%s); checkpoints in %s", self.run_dir.resolve(),
+                         "new" if self._created_output_dir is not None else "exists", self.checkpointer.save_dir)
         dist_utils.barrier()
 
+    def _write_config_yaml(self) -> None:
+        """Write the resolved ``config.yaml`` (secrets redacted) once start-up has succeeded: a run that fails to
+        start - a resume whose checkpoint does not load, a W&B login that fails - leaves the existing run's
+        ``config.yaml`` as it was."""
+        if dist_utils.is_rank0():
+            from fastgen.configs.config_utils import save_config_yaml
+
+            save_config_yaml(self.config, self.run_dir / "config.yaml")
+
     def _discard_unused_run_dir(self) -> None:
-        """A run that stopped on bad input before its first iteration leaves no run directory behind, if this call
-        created it: its config.yaml would describe a run that never happened, and the corrected command would
-        "resume" it. Bad input is a ``UsageError`` (e.g. a config value the method rejects) or a ``CheckpointError``
-        (e.g. a ``teacher_ckpt`` or ``student_ckpt`` whose weights do not fit the configured network). The project
-        and group folders this call created for it go too, so a typo leaves no empty folders in the output root."""
+        """A run that fails before its first iteration - bad input, a failed W&B login, Ctrl-C during start-up,
+        any exception - leaves no run directory behind, if this call created it: its half-made folders would
+        describe a run that never happened, and the corrected command would "resume" it. The project and group
+        folders this call created for it go too, so a typo leaves no empty folders in the output root. A run
+        directory that existed before (a resume) is never removed."""
         created = self._created_output_dir
-        bad_input = isinstance(self.exception, (UsageError, CheckpointError))
-        if not (created is not None and bad_input and self.iteration == 0 and self.last_checkpoint is None):
+        if not (created is not None and self.exception is not None and self.iteration == self.start_iteration == 0
+                and self.last_checkpoint is None):
             return
         import shutil
 
@@ -207,34 +308,98 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _build_model(self) -> Any:
-        model = instantiate(self.config.model_class, config=self.config.model)
-        model.to(self.device)
+    def _build_model(self, fresh: bool) -> Any:
+        """Build the method with the shared seed; on a fresh run load its initial weights (teacher, student init,
+        ``pretrained_ckpt_path``) while the networks are still whole; then replicate or shard them
+        (``fastgen.utils.parallelize``). With ``model.meta_init`` see ``_build_on_meta``."""
+        if self.config.model.meta_init:
+            model = self._build_on_meta(fresh)
+        else:
+            model = instantiate(self.config.model_class, config=self.config.model)
+            model.to(self.device)
+            if fresh:
+                model.init_weights()
+                self._load_pretrained(model)
+            parallelize(model, self.config.trainer, self.mesh)
         model.train()
         for ema in getattr(model, "ema_nets", {}).values():
             ema.eval()
+        _log_modules(model)
         return model
 
+    def _build_on_meta(self, fresh: bool) -> Any:
+        """``model.meta_init``: every rank builds the networks on the meta device (shapes, no memory) and shards
+        them there (FSDP) before any storage exists; then each rank allocates only its shards (``to_empty``).
+        Rank 0 alone builds the method for real on the host - with the shared seed, and on a fresh run its
+        teacher, student initialisation and ``pretrained_ckpt_path`` - and its weights are broadcast into every
+        rank's shards (``set_model_state_dict(..., broadcast_from_rank0=True)``). So a multi-rank run holds one
+        full copy of the weights on the host, rank 0's, instead of one per rank. Replicated (DDP) networks are
+        allocated whole and replicated after the weights arrive. On a resume the real build skips the initial
+        weights (the checkpoint then overwrites every network it holds)."""
+        from fastgen.utils.parallelize import broadcast_full_weights
+
+        with torch.device("meta"):
+            model = instantiate(self.config.model_class, config=self.config.model)
+        sharded_first = bool(self.config.trainer.fsdp)
+        if sharded_first:
+            parallelize(model, self.config.trainer, self.mesh)
+        model.to_empty(device=self.device)
+        source = None
+        if dist_utils.is_rank0():
+            with dist_utils.local_only():  # the real build is rank 0's alone: no collectives inside it
+                seed_everything(self.config.trainer.seed)
+                source = instantiate(self.config.model_class, config=self.config.model)
+                if fresh:
+                    source.init_weights()
+                    self._load_pretrained(source)
+        broadcast_full_weights(model, source)
+        del source
+        if not sharded_first:
+            parallelize(model, self.config.trainer, self.mesh)
+        return model
+
+    def _load_pretrained(self, model: Any) -> None:
+        path = self.config.trainer.checkpointer.pretrained_ckpt_path
+        if not path:
+            return
+        payload = load_checkpoint(path)
+        self._restore_modules(model, payload, path, allow_missing=True)
+        for name, ema in getattr(model, "ema_nets", {}).items():
+            if name not in payload.get("model", {}):  # an EMA the checkpoint lacks starts from the loaded net
+                ema.load_state_dict(model.net.state_dict())
+        logger.info("initialised weights from %s", path)
+
     # ---- checkpoints -----------------------------------------------------------------------------------------
-    def _load_checkpoint(self, model: Any) -> tuple[str | None, dict[str, Any] | None]:
-        ckpt_cfg = self.config.trainer.checkpointer
-        latest = self.checkpointer.latest() if self.config.trainer.resume else None
+    def _choose_checkpoint(self) -> Path | None:
+        """The checkpoint to resume from (``None``: a fresh run). Rank 0 looks and every rank gets its answer, so
+        all ranks resume from the same file even while another run writes into the folder."""
+        choice: Path | None = None
+        if dist_utils.is_rank0():
+            latest = self.checkpointer.latest() if self.config.trainer.resume else None
+            if not self.config.trainer.resume:
+                logger.debug("trainer.resume=False: starting fresh, checkpoints in %s are ignored",
+                             self.checkpointer.save_dir)
+            elif latest is None:
+                logger.debug("no valid checkpoint in %s: starting fresh", self.checkpointer.save_dir)
+            else:
+                logger.debug("resuming from %s: the newest of %d valid checkpoint(s) in %s", latest.name,
+                             len(self.checkpointer.list()), self.checkpointer.save_dir)
+            choice = latest
+        chosen = dist_utils.broadcast_object(None if choice is None else str(choice))
+        return None if chosen is None else Path(str(chosen))
+
+    def _load_checkpoint(self, model: Any, latest: Path | None) -> tuple[str | None, dict[str, Any] | None]:
         if latest is not None:
-            payload = load_checkpoint(latest)
+            try:
+                payload = load_checkpoint(latest)
+            except CorruptCheckpointError as exc:
+                raise CorruptCheckpointError(exc.path, exc.reason, self.checkpointer.previous_complete(latest)) from None
             self._restore(model, payload, latest)
             self.iteration = self.start_iteration = int(payload["iteration"])
             logger.info("resumed from %s (iteration %d)", latest, self.iteration)
             return str(latest), payload
-        model.init_weights()
-        if ckpt_cfg.pretrained_ckpt_path:
-            payload = load_checkpoint(ckpt_cfg.pretrained_ckpt_path)
-            self._restore_modules(model, payload, ckpt_cfg.pretrained_ckpt_path, allow_missing=True)
-            for name, ema in getattr(model, "ema_nets", {}).items():
-                if name not in payload.get("model", {}):  # an EMA the checkpoint lacks starts from the loaded net
-                    ema.load_state_dict(model.net.state_dict())
-            logger.info("initialised weights from %s", ckpt_cfg.pretrained_ckpt_path)
-            return ckpt_cfg.pretrained_ckpt_path, None
-        return None, None
+        path = self.config.trainer.checkpointer.pretrained_ckpt_path
+        return (path or None), None
 
     def _restore_modules(self, model: Any, payload: dict[str, Any], path: Any, allow_missing: bool = False) -> None:
         modules = model.model_dict
@@ -244,7 +409,7 @@ class Trainer:
                     continue
                 raise CheckpointError(f"checkpoint {path} has weights for {name!r}, which this model does not have")
             try:
-                modules[name].load_state_dict(state)
+                load_full_state_dict(modules[name], state)
             except RuntimeError as exc:
                 first = str(exc).strip().splitlines()
                 raise CheckpointError(
@@ -256,10 +421,27 @@ class Trainer:
                 raise CheckpointError(f"checkpoint {path} lacks weights for {', '.join(missing)}")
 
     def _restore(self, model: Any, payload: dict[str, Any], path: Path) -> None:
+        # A resume is exact only if every optimizer and scheduler state is restored: one the checkpoint lacks
+        # would restart silently from scratch (Adam's moments at zero, the learning rate schedule at its start).
+        for entry, objects in (("optimizers", model.optimizer_dict), ("schedulers", model.scheduler_dict)):
+            missing = [name for name in objects if name not in (payload.get(entry) or {})]
+            if missing:
+                raise CheckpointError(f"checkpoint {path} has no {entry} entry for {', '.join(missing)}: resuming "
+                                      "from it would restart their state from scratch (was it written by a run "
+                                      "configured differently?)")
         self._restore_modules(model, payload, path)
+        trained = model.trainable_modules
         for name, optimizer in model.optimizer_dict.items():
             if name in payload.get("optimizers", {}):
-                optimizer.load_state_dict(payload["optimizers"][name])
+                state = payload["optimizers"][name]
+                if int(payload.get("version", 1)) < 2:  # version 1: the optimizer's own state_dict, by index
+                    optimizer.load_state_dict(state)
+                else:
+                    try:
+                        load_full_optimizer_state_dict(trained[name], optimizer, state)
+                    except ValueError as exc:
+                        raise CheckpointError(f"checkpoint {path}: optimizer {name!r} does not fit this model "
+                                              f"({exc})") from None
         for name, scheduler in model.scheduler_dict.items():
             if name in payload.get("schedulers", {}):
                 scheduler.load_state_dict(payload["schedulers"][name])
@@ -276,12 +458,14 @@ class Trainer:
     def save_checkpoint(self, model: Any) -> Path | None:
         cb = self.callbacks
         cb.on_save_checkpoint_start(model, iteration=self.iteration)
+        trained = model.trainable_modules
         payload = {
             "format": FORMAT,
-            "version": 1,
+            "version": 2,
             "iteration": self.iteration,
-            "model": {name: module.state_dict() for name, module in model.model_dict.items()},
-            "optimizers": {name: opt.state_dict() for name, opt in model.optimizer_dict.items()},
+            "model": {name: full_state_dict(module) for name, module in model.model_dict.items()},
+            "optimizers": {name: full_optimizer_state_dict(trained[name], opt)
+                           for name, opt in model.optimizer_dict.items()},
             "schedulers": {name: s.state_dict() for name, s in model.scheduler_dict.items()},
             "callbacks": self.callbacks.state_dict(),
             "dataloaders": {
@@ -302,8 +486,8 @@ class Trainer:
 
     # ---- data --------------------------------------------------------------------------------------------------
     def _build_dataloaders(self, payload: dict[str, Any] | None) -> None:
-        self.dataloader_train = instantiate(self.config.dataloader_train)
-        self.dataloader_val = instantiate(self.config.dataloader_val) if self.config.dataloader_val is not None else None
+        self.dataloader_train = _build_loader(self.config.dataloader_train, "dataloader_train")
+        self.dataloader_val = _build_loader(self.config.dataloader_val, "dataloader_val")
         per_rank = int(getattr(self.dataloader_train, "batch_size", 0) or 0)
         world = dist_utils.get_world_size()
         target = self.config.trainer.batch_size_global
@@ -329,7 +513,6 @@ class Trainer:
     def _train(self, model: Any) -> None:
         cfg = self.config.trainer
         cb = self.callbacks
-        cb.on_train_begin(model, iteration=self.iteration)
         if self.iteration >= cfg.max_iter:
             logger.info("nothing to do: the run already has %d of trainer.max_iter=%d iterations",
                         self.iteration, cfg.max_iter)
@@ -339,11 +522,15 @@ class Trainer:
         optimizers = model.optimizer_dict
         schedulers = model.scheduler_dict
         window_start, window_iter = time.perf_counter(), self.iteration
+        distributed = dist_utils.get_world_size() > 1
         while self.iteration < cfg.max_iter:
             iteration = self.iteration
             cb.on_training_step_begin(model, iteration=iteration)
+            self.stepping = model.get_optimizers(iteration)
             loss_sums: dict[str, torch.Tensor] | None = {} if rounds > 1 else None
             for accum_iter in range(rounds):
+                if distributed:  # reduce gradients once per step, of the modules that step
+                    set_gradient_sync(model, self.stepping, final_round=accum_iter == rounds - 1)
                 data = _to_device(next(loader), device)
                 cb.on_training_accum_step_begin(model, data, iteration=iteration, accum_iter=accum_iter)
                 with model.bind_batch(data, iteration, seed=cfg.seed):
@@ -359,7 +546,6 @@ class Trainer:
                             loss_sums[key] = loss_sums[key] + value if key in loss_sums else value
             if loss_sums is not None:
                 loss_dict = {key: value / rounds for key, value in loss_sums.items()}
-            self.stepping = model.get_optimizers(iteration)
             self._skip_reason = None
             cb.on_optimizer_step_begin(model, iteration=iteration)
             if self._skip_reason is None:
@@ -374,17 +560,23 @@ class Trainer:
             if self.iteration % cfg.logging_iter == 0 or self.iteration == cfg.max_iter:
                 now = time.perf_counter()
                 rate = (self.iteration - window_iter) / max(now - window_start, 1e-9)
-                loss_value = float(loss_dict["total_loss"].detach())
+                loss_value = float(dist_utils.all_reduce_mean(loss_dict["total_loss"].detach().float().clone()))
                 if not math.isfinite(loss_value):
                     logger.warning("iteration %d: total_loss is %s", self.iteration, loss_value)
-                logger.info("iteration %d/%d  loss %.4f  %.1f it/s", self.iteration, cfg.max_iter, loss_value, rate)
+                logger.info("iteration %d/%d  loss %.4f  %.1f it/s  %.0f samples/s", self.iteration, cfg.max_iter,
+                            loss_value, rate, rate * self.global_batch_size)
                 window_start, window_iter = now, self.iteration
             if cfg.validation_iter and self.dataloader_val is not None and self.iteration % cfg.validation_iter == 0:
                 self.validate(model)
             saved = self.iteration % cfg.save_ckpt_iter == 0 or self.iteration == cfg.max_iter
             if saved:
                 self.save_checkpoint(model)
-            if self._stop_signal is not None and self.iteration < cfg.max_iter:
+            stop = self._stop_signal is not None
+            if distributed:  # every rank stops at the same step, also when the signal reached only some
+                stop = dist_utils.any_rank(stop)
+                if stop and self._stop_signal is None:
+                    self._stop_signal = signal.SIGTERM
+            if stop and self.iteration < cfg.max_iter:
                 if not saved:
                     self.save_checkpoint(model)
                 name = signal.Signals(self._stop_signal).name

@@ -5,7 +5,7 @@
 cifar10: the official binary version of CIFAR-10 (cifar-10-binary.tar.gz, 162 MiB, from the University of
 Toronto), verified against its published md5 and extracted to DIR/cifar10/cifar-10-batches-bin, where
 ``fastgen.datasets.cifar10.CIFAR10Dataset`` and the EDM/CIFAR-10 recipes find it. DIR defaults to
-$FASTGEN_DATA_ROOT, else ./data (a .env file in the working directory may set it).
+$DATA_ROOT_DIR, else ./data (a .env file in the working directory may set it).
 
 The download goes to a ``.part`` file and resumes where it stopped when run again (HTTP Range); the archive is
 renamed into place only after its md5 matches, and the extracted folder replaces any old one only after every
@@ -223,14 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Download and prepare a dataset for fastgen's image recipes. Supported: cifar10 (the official "
                     "binary version, md5-verified). ImageNet is not supported yet.",
         epilog="Examples:\n  python scripts/download_data.py cifar10\n"
-               "  FASTGEN_DATA_ROOT=/datasets python scripts/download_data.py cifar10\n"
+               "  DATA_ROOT_DIR=/datasets python scripts/download_data.py cifar10\n"
                "  python scripts/download_data.py cifar10 --root /datasets --keep-archive",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("dataset", choices=["cifar10", "imagenet"],
                         help="cifar10, or imagenet (not supported yet: exits with status 2)")
     parser.add_argument("--root", default=None,
-                        help="data root; the dataset goes to ROOT/cifar10 (default: $FASTGEN_DATA_ROOT, else ./data)")
+                        help="data root; the dataset goes to ROOT/cifar10 (default: $DATA_ROOT_DIR, else ./data)")
     parser.add_argument("--url", default=CIFAR10_URL, help=f"archive URL (default: {CIFAR10_URL})")
     parser.add_argument("--md5", default=CIFAR10_MD5,
                         help=f"expected md5 of the archive (default: the official {CIFAR10_MD5}; for mirrors/tests)")
@@ -244,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dataset == "imagenet":
         say("error: imagenet is not supported yet (no ImageNet recipe exists yet); only cifar10 can be prepared")
         return 2
-    import fastgen  # noqa: F401 - loads .env, which may set FASTGEN_DATA_ROOT
+    import fastgen  # noqa: F401 - loads .env, which may set DATA_ROOT_DIR
 
-    root = Path(args.root or os.environ.get("FASTGEN_DATA_ROOT") or "./data")
+    root = Path(args.root or os.environ.get("DATA_ROOT_DIR") or "./data")
     try:
         prepare_cifar10(root, args.url, args.md5, args.force, args.keep_archive)
     except DownloadError as exc:

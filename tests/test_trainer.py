@@ -185,6 +185,33 @@ def test_a_corrupt_latest_checkpoint_is_a_clear_error() -> None:
         Trainer(tiny_toy_config("corrupt", max_iter=5)).run()
 
 
+@pytest.mark.parametrize("entry", ["optimizers", "schedulers"])
+@pytest.mark.parametrize("how", ["whole entry", "one module"])
+def test_resuming_from_a_checkpoint_without_optimizer_or_scheduler_state_is_an_error(entry: str, how: str) -> None:
+    """Resuming without a module's optimizer or scheduler state would silently restart it (Adam's moments at
+    zero, the learning rate schedule at its start) - not the exact resume the trainer promises."""
+    def config():  # noqa: ANN202
+        c = tiny_toy_config("no_state", max_iter=5)
+        c.model.net_scheduler = LazyCall("torch.optim.lr_scheduler.LinearLR")(start_factor=1.0, end_factor=0.5,
+                                                                              total_iters=5)
+        return c
+
+    first = Trainer(config())
+    first.run()
+    latest = first.checkpointer.latest()
+    payload = load_checkpoint(latest)
+    assert set(payload[entry]) == {"net"}
+    if how == "whole entry":
+        del payload[entry]
+    else:
+        del payload[entry]["net"]
+    torch.save(payload, latest)
+    with pytest.raises(CheckpointError) as error:
+        Trainer(config()).run()
+    message = str(error.value)
+    assert str(latest) in message and f"no {entry} entry for net" in message
+
+
 def test_leftover_temporary_files_are_ignored_and_cleaned() -> None:
     trainer = Trainer(tiny_toy_config("tmpfile", max_iter=3))
     trainer.run()
@@ -229,6 +256,9 @@ def test_callback_names_are_unique() -> None:
 
 
 def test_non_finite_gradients_skip_the_step_then_stop_training() -> None:
+    """Iterations 2, 3 and 4 get a NaN loss: each step is skipped, and the third in a row stops training. A skipped
+    step leaves everything an optimizer step would change exactly as it was after iteration 2: the network, the
+    EMA, Adam's moments and ``step``, and the scheduler's ``last_epoch`` (compared at the end, after the skips)."""
     from fastgen.utils.errors import FastGenRuntimeError
 
     class PoisonLoss(Callback):
@@ -238,13 +268,28 @@ def test_non_finite_gradients_skip_the_step_then_stop_training() -> None:
 
     config = tiny_toy_config("nan", max_iter=20, save_ckpt_iter=100)
     config.trainer.callbacks.grad_clip.max_consecutive_nonfinite = 3
+    config.model.net_scheduler = LazyCall("torch.optim.lr_scheduler.LinearLR")(start_factor=1.0, end_factor=0.5,
+                                                                               total_iters=20)
     trainer = Trainer(config, extra_callbacks={"poison": PoisonLoss()})
-    before = {}
+    before: dict[str, object] = {}
+    seen: dict[str, object] = {}
+
+    def snapshot(model) -> dict[str, object]:  # noqa: ANN001
+        optimizer = model.optimizer_dict["net"]
+        return {
+            "modules": {name: {k: v.clone() for k, v in module.state_dict().items()}
+                        for name, module in model.model_dict.items()},
+            "adam_steps": [float(s["step"]) for s in optimizer.state.values()],
+            "adam_moments": [(s["exp_avg"].clone(), s["exp_avg_sq"].clone()) for s in optimizer.state.values()],
+            "last_epoch": {name: s.last_epoch for name, s in model.scheduler_dict.items()},
+            "lr": [group["lr"] for group in optimizer.param_groups],
+        }
 
     class Snapshot(Callback):
         def on_training_step_end(self, model, data_batch, output_batch, loss_dict, iteration=0):
+            seen["model"] = model
             if iteration == 2:
-                before.update({k: v.clone() for k, v in model.net.state_dict().items()})
+                before.update(snapshot(model))
 
     trainer.callbacks.add("snap", Snapshot())
     trainer.callbacks.bind(config, trainer)
@@ -252,9 +297,20 @@ def test_non_finite_gradients_skip_the_step_then_stop_training() -> None:
         trainer.run()
     clip = trainer.callbacks["grad_clip"]
     assert clip.nonfinite_total == 3
-    # Skipped steps left the weights untouched and finite.
     assert trainer.iteration == 4
-    assert all(torch.isfinite(p).all() for p in before.values())
+    after = snapshot(seen["model"])
+    assert set(after["modules"]) == {"net", "ema"}
+    assert before["adam_steps"] and all(step == 2.0 for step in before["adam_steps"])
+    assert before["last_epoch"] == {"net": 2}
+    assert after["adam_steps"] == before["adam_steps"]
+    assert after["last_epoch"] == before["last_epoch"]
+    assert after["lr"] == before["lr"]
+    for (m_after, v_after), (m_before, v_before) in zip(after["adam_moments"], before["adam_moments"], strict=True):
+        assert torch.equal(m_after, m_before) and torch.equal(v_after, v_before)
+    for name, state in before["modules"].items():
+        for key, value in state.items():
+            assert torch.isfinite(value).all(), f"{name}.{key} is not finite before the poisoned steps"
+            assert torch.equal(after["modules"][name][key], value), f"{name}.{key} changed during a skipped step"
 
 
 class BadInputBeforeTraining(Callback):

@@ -18,7 +18,8 @@ At ``on_training_step_end`` the callback commits the proposal only if the step c
 A commit is all or nothing: the new dictionary is built in full (values detached, so no autograd graph is kept
 alive across iterations), every floating-point tensor is checked to be finite (one host sync per device), and only
 then is ``model.carry_state`` replaced - one reference swap. A proposal with any non-finite entry is rejected as a
-whole (warning, ``carry/rejected`` logged); one with a non-tensor entry raises ``TypeError``.
+whole (warning, ``carry/rejected`` logged) - on every rank when it is non-finite on any (one all-reduce of a flag per
+commit), so the ranks' states stay in step; one with a non-tensor entry raises ``TypeError``.
 
 Validation (``model.validation_step`` usually calls ``single_train_step``, which proposes) leaves the state
 untouched: proposals made during validation are dropped. With ``carry_through_validation=True`` each validation
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 from fastgen.callbacks.callback import Callback
+from fastgen.utils import distributed as dist_utils
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -120,11 +122,13 @@ class CarryCallback(Callback):
         state = _checked(proposal)
         if self.check_finite:
             bad = _non_finite(state)
-            if bad:
+            # Collective: if any rank's proposal is non-finite, every rank keeps its previous state, so state that
+            # the ranks share (a running scale, a step counter) never goes out of step between them.
+            if dist_utils.any_rank(bool(bad)):
                 self.rejected += 1
                 self.trainer.log_scalar("carry/rejected", float(self.rejected))
                 logger.warning("CarryCallback: the carry proposal of %s has non-finite values in %s; the previous "
-                               "state is kept", where, ", ".join(bad))
+                               "state is kept", where, ", ".join(bad) if bad else "another rank's proposal")
                 return
         self._model.carry_state = state  # the one reference swap: all keys or none
         self.commits += 1

@@ -5,8 +5,11 @@ written as ``lerp(ema, net, 1 - beta)`` (the same update). ``beta`` follows one 
 
 * ``constant`` - ``beta`` as given.
 * ``power`` - EDM2's power-function EMA: ``beta_t = (1 - 1/t)^(gamma + 1)`` at update ``t`` (Karras et al. 2024,
-  "Analyzing and Improving the Training Dynamics of Diffusion Models", Eq. 3); ``gamma = 6.94`` gives a
-  relative width ``sigma_rel ~ 0.05``.
+  "Analyzing and Improving the Training Dynamics of Diffusion Models", Eq. 3). Its averaging profile has the
+  relative standard deviation ``sigma_rel = (gamma + 1)^(1/2) / ((gamma + 2) (gamma + 3)^(1/2))`` (ibid., Sec. 3.1;
+  appendix Eq. 123): ``gamma = 6.94`` gives ``sigma_rel ~ 0.10``, ``gamma = 16.97`` gives ``0.05``. The
+  width can be given either way: ``sigma_rel`` (what EDM2 reports) is converted to ``gamma`` by
+  :func:`gamma_from_sigma_rel`.
 * ``halflife`` - EDM's schedule: ``beta = 0.5^(B / max(h, 1e-8))`` with ``B`` the *global* batch size and half-life
   ``h = halflife_kimg * 1000`` images, ramped up as ``h = min(h, n_img * rampup_ratio)`` where ``n_img`` is
   the number of images seen (Karras et al. 2022, training loop; Appendix F.1).
@@ -46,6 +49,7 @@ Checkpoints: the online and EMA networks' ``state_dict`` tensors are views into 
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Literal, NamedTuple
 
@@ -53,6 +57,7 @@ import torch
 from torch import nn
 
 from fastgen.callbacks.callback import Callback
+from fastgen.utils.errors import ConfigError
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -62,10 +67,44 @@ logger = get_logger(__name__)
 _ALIGN_BYTES = 512
 # Re-layouts tolerated before the flat path is given up (something keeps replacing parameter storage).
 _MAX_RELAYOUTS = 3
+DEFAULT_GAMMA = 6.94  # the power EMA's default exponent: sigma_rel ~ 0.10 (EDM2's wider profile)
 
 
-def ema_beta(kind: str, iteration: int, *, beta: float = 0.999, gamma: float = 6.94, halflife_kimg: float = 500.0,
-             rampup_ratio: float | None = 0.05, batch_size: int = 1) -> float:
+def sigma_rel_from_gamma(gamma: float) -> float:
+    """The relative standard deviation of the power-function EMA profile with exponent ``gamma`` (EDM2, Karras et
+    al. 2024, appendix Eq. 123): ``sigma_rel = (gamma + 1)^(1/2) / ((gamma + 2) (gamma + 3)^(1/2))``."""
+    return math.sqrt(gamma + 1.0) / ((gamma + 2.0) * math.sqrt(gamma + 3.0))
+
+
+SIGMA_REL_MAX = sigma_rel_from_gamma(0.0)  # 1 / (2 sqrt 3) ~ 0.289: the widest profile with gamma >= 0
+
+
+def gamma_from_sigma_rel(sigma_rel: float) -> float:
+    """The exponent ``gamma >= 0`` whose power-function EMA has relative width ``sigma_rel`` (the inverse of
+    :func:`sigma_rel_from_gamma`; EDM2 solves the same relation as a cubic, its appendix Eq. 126).
+
+    ``sigma_rel(gamma)`` falls strictly on ``gamma >= 0`` (its log-derivative ``1/(gamma+1) - 2/(gamma+2) -
+    1/(gamma+3)`` is negative there), from ``1/(2 sqrt 3)`` at 0 towards 0, so bisection finds the one root.
+    """
+    if not 0.0 < sigma_rel <= SIGMA_REL_MAX:
+        raise ConfigError(f"EMA sigma_rel={sigma_rel} is out of range: the power-function EMA reaches relative "
+                          f"widths in (0, {SIGMA_REL_MAX:.4f}] (gamma >= 0)")
+    low, high = 0.0, 1.0
+    while sigma_rel_from_gamma(high) > sigma_rel:
+        low, high = high, 2.0 * high
+    for _ in range(200):  # far more halvings than float64 can resolve; stops early once the bracket is exhausted
+        mid = 0.5 * (low + high)
+        if mid in (low, high):
+            break
+        if sigma_rel_from_gamma(mid) > sigma_rel:
+            low = mid
+        else:
+            high = mid
+    return 0.5 * (low + high)
+
+
+def ema_beta(kind: str, iteration: int, *, beta: float = 0.999, gamma: float = DEFAULT_GAMMA,
+             halflife_kimg: float = 500.0, rampup_ratio: float | None = 0.05, batch_size: int = 1) -> float:
     """The decay ``beta`` after ``iteration`` completed optimizer steps (see the module docstring)."""
     if kind == "constant":
         return float(beta)
@@ -127,6 +166,17 @@ def flatten_parameters_(params: list[nn.Parameter]) -> torch.Tensor:
         view.copy_(d)
         p.data = view
     return flat
+
+
+def _local_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors this rank stores: FSDP2 shards (DTensors) as their local shards. The EMA network is sharded
+    exactly like ``net`` (``fastgen.utils.parallelize``), so the two local shards line up element for element and
+    the update needs no communication - also for uneven shards, which are equally uneven in both."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed support
+        return tensors
+    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
 
 
 class _FlatGroup(NamedTuple):
@@ -222,16 +272,28 @@ class EMACallback(Callback):
     """EMA of ``model.net`` into ``model.ema_nets[ema_name]`` after every optimizer step.
 
     ``type``/``beta``/``gamma``/``halflife_kimg``/``rampup_ratio`` pick the schedule, ``start_iter`` the step up to
-    which the EMA copies the network, ``flat`` the flat-buffer layout (see the module docstring).
+    which the EMA copies the network, ``flat`` the flat-buffer layout (see the module docstring). The power EMA's
+    width is ``gamma`` (default 6.94, ``sigma_rel ~ 0.10``) or ``sigma_rel`` (EDM2's parameter), not both.
     """
 
     def __init__(self, ema_name: str = "ema", type: Literal["constant", "power", "halflife"] = "constant",  # noqa: A002
-                 beta: float = 0.999, gamma: float = 6.94, halflife_kimg: float = 500.0,
-                 rampup_ratio: float | None = 0.05, start_iter: int = 0, flat: bool = True) -> None:
+                 beta: float = 0.999, gamma: float | None = None, halflife_kimg: float = 500.0,
+                 rampup_ratio: float | None = 0.05, start_iter: int = 0, flat: bool = True,
+                 sigma_rel: float | None = None) -> None:
+        if sigma_rel is not None:
+            if gamma is not None:
+                raise ConfigError(f"EMACallback: set gamma ({gamma}) or sigma_rel ({sigma_rel}), not both - they "
+                                  "are two ways of giving the power EMA's width (set the other to null)")
+            if type != "power":
+                raise ConfigError(f"EMACallback: sigma_rel is the width of the power EMA; type={type!r} does not "
+                                  "use it")
+            gamma = gamma_from_sigma_rel(float(sigma_rel))
+        elif gamma is None:
+            gamma = DEFAULT_GAMMA
         ema_beta(type, 1, beta=beta, gamma=gamma, halflife_kimg=halflife_kimg, rampup_ratio=rampup_ratio)
         self.ema_name = ema_name
         self.kind = type
-        self.beta, self.gamma = beta, gamma
+        self.beta, self.gamma, self.sigma_rel = beta, float(gamma), sigma_rel
         self.halflife_kimg, self.rampup_ratio = halflife_kimg, rampup_ratio
         self.start_iter = start_iter
         self.flat = bool(flat)
@@ -281,10 +343,11 @@ class EMACallback(Callback):
             else:
                 group.dst.lerp_(group.src, weight)
         if plan.rest_dst:
+            dst, src = _local_tensors(plan.rest_dst), _local_tensors(plan.rest_src)
             if beta == 0.0:
-                torch._foreach_copy_(plan.rest_dst, plan.rest_src)
+                torch._foreach_copy_(dst, src)
             else:
-                torch._foreach_lerp_(plan.rest_dst, plan.rest_src, weight)
+                torch._foreach_lerp_(dst, src, weight)
         if plan.dst_buffers:
             torch._foreach_copy_(plan.dst_buffers, plan.src_buffers)
 

@@ -33,13 +33,60 @@ def clip_global_norm_(grads: list[torch.Tensor], max_norm: float | None) -> floa
     test and lets the rescale be skipped when no clipping is needed. A non-finite norm leaves ``grads`` as they
     are (the caller discards them).
     """
-    norms = torch._foreach_norm(grads)
+    local, sharded_groups = _local_gradients(grads)
+    norms = torch._foreach_norm(local)
     if norms[0].dtype != torch.float32:
         norms = [n.float() for n in norms]
-    total = float(torch.linalg.vector_norm(torch.stack(norms)))
+    squares = torch.stack(norms).square()
+    if not sharded_groups:
+        total = float(squares.sum().sqrt())
+    else:  # replicated gradients count once; each sharded group's squares are summed over its shard ranks
+        replicated = sharded_groups.pop(None, [])
+        total_sq = squares[replicated].sum() if replicated else squares.new_zeros(())
+        for group, indices in sharded_groups.items():
+            part = squares[indices].sum().reshape(1).to(_device_of(group))
+            torch.distributed.all_reduce(part, group=group)
+            total_sq = total_sq + part.to(total_sq.device).reshape(())
+        total = float(total_sq.sqrt())
     if max_norm is not None and math.isfinite(total) and total > max_norm:
-        torch._foreach_mul_(grads, float(max_norm) / (total + 1e-6))
+        torch._foreach_mul_(local, float(max_norm) / (total + 1e-6))
     return total
+
+
+def _local_gradients(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[Any, list[int]]]:
+    """Each gradient as the tensor this rank stores, and - when some are sharded DTensors - the indices of the
+    gradients by the process group their shards are spread over (``None``: replicated, counted once).
+
+    The global norm of a sharded gradient is the root of the sum of its shards' squared norms (Zhao et al. 2023,
+    "PyTorch FSDP", Sec. 4: gradient clipping over sharded gradients), so each group needs one all-reduce of one
+    number; replicated dimensions (HSDP's replicate axis) hold copies and are not summed."""
+    try:
+        from torch.distributed.tensor import DTensor, Shard
+    except ImportError:  # torch built without distributed support
+        return grads, {}
+    if not any(isinstance(g, DTensor) for g in grads):
+        return grads, {}
+    local: list[torch.Tensor] = []
+    groups: dict[Any, list[int]] = {}
+    for i, g in enumerate(grads):
+        if not isinstance(g, DTensor):
+            local.append(g)
+            groups.setdefault(None, []).append(i)
+            continue
+        local.append(g.to_local())
+        dims = [d for d, p in enumerate(g.placements) if isinstance(p, Shard)]
+        if not dims:
+            groups.setdefault(None, []).append(i)
+        else:
+            if len(dims) > 1:
+                raise ValueError(f"gradient clipping supports one sharded mesh dimension, got {g.placements}")
+            groups.setdefault(g.device_mesh.get_group(dims[0]), []).append(i)
+    return local, groups
+
+
+def _device_of(group: Any) -> torch.device:
+    backend = str(torch.distributed.get_backend(group))
+    return torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
 
 
 class GradClipCallback(Callback):

@@ -76,6 +76,33 @@ def resolve_wandb_mode(configured: str) -> str:
     return "online" if os.environ.get("WANDB_API_KEY") else "offline"
 
 
+def _is_sharded(module: Any) -> bool:
+    """True when ``module`` holds FSDP2-sharded parameters: every rank must then run its forward together."""
+    from fastgen.utils.parallelize import has_sharded_parameters
+
+    return has_sharded_parameters(module)
+
+
+def _start_wandb(wandb: Any, mode: str, **kwargs: Any) -> Any:
+    """``wandb.init`` in ``mode``; a login or connection failure becomes a one-line ``UsageError`` (exit 2) that says
+    how to go on without the server (the run directory this start created is then removed by the trainer)."""
+    from fastgen.utils.errors import UsageError
+
+    try:
+        return wandb.init(mode=mode, settings=wandb.Settings(silent=True, console="off"), **kwargs)
+    except wandb.errors.Error as exc:
+        text = " ".join(str(exc).split())
+        key = os.environ.get("WANDB_API_KEY")
+        if key:
+            text = text.replace(key, "<redacted>")
+        if len(text) > 300:
+            text = text[:300].rsplit(" ", 1)[0] + " ..."
+        raise UsageError(
+            f"W&B could not start in {mode} mode ({type(exc).__name__}: {text}); check WANDB_API_KEY (or "
+            "credentials_dir/wandb_api.txt), or log without the server: - log_config.wandb_mode=offline"
+        ) from None
+
+
 def media_kind(samples: torch.Tensor, media: str = "auto") -> str:
     """The kind of media a batch of samples is: ``video`` (5-D), ``image`` (4-D), ``audio`` (3-D, or 2-D with
     more than 3 values per sample) or ``points`` (2-D with at most 3 values per sample); ``media`` forces one."""
@@ -162,7 +189,9 @@ class WandbCallback(Callback):
             run_id = secrets.token_hex(4)
             atomic_write_text(id_file, run_id + "\n")
         log = self.config.log_config
-        self.run = wandb.init(
+        self.run = _start_wandb(
+            wandb,
+            mode,
             project=log.project,
             group=log.group,
             name=log.name,
@@ -170,9 +199,7 @@ class WandbCallback(Callback):
             id=run_id,
             resume="allow",
             dir=str(run_dir),
-            mode=mode,
             config=config_to_dict(self.config),
-            settings=wandb.Settings(silent=True, console="off"),
         )
         if mode == "offline":
             sync_dir = str(Path(self.run.dir).parent)  # <run dir>/wandb/offline-run-*/files -> the run folder
@@ -281,6 +308,8 @@ class WandbCallback(Callback):
         rank, world = dist_utils.get_rank(), dist_utils.get_world_size()
         count = len(range(rank, self.num_samples, world))
         if count <= 0:
+            if _is_sharded(model.sampling_net()):  # its forward is a collective: take part, keep nothing
+                model.sample(1, generator=torch.Generator().manual_seed(self.sample_seed + rank))
             return []
         generator = torch.Generator().manual_seed(self.sample_seed + rank)
         samples, labels = model.sample(count, generator=generator)

@@ -12,10 +12,36 @@ Fields that matter for scaling:
 * ``trainer.batch_size_global`` - samples per optimizer step over all ranks. With per-rank batch ``B`` from
   ``dataloader_train.batch_size`` and ``W`` ranks, the trainer runs ``batch_size_global / (B * W)`` gradient
   accumulation rounds per step (it must divide exactly). ``None`` means one round.
-* ``trainer.ddp`` / ``trainer.fsdp`` - torchrun distributes training only when one of them is set.
+* ``trainer.ddp`` / ``trainer.fsdp`` - torchrun distributes training only when one of them is set (a multi-rank
+  launch of a config with neither is refused, since every rank would train its own copy). Launch with
+  ``fastgen train --nproc-per-node N [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT]``, ``torchrun -m fastgen
+  train ...`` or ``torchrun train.py ...``; a single process ignores both.
+
+  - ``ddp=True``: every trained network (student, fake score, discriminator) is replicated with torch's
+    composable ``replicate`` (DDP); gradients are all-reduced once per optimizer step, in the last accumulation
+    round, and only for the networks that step in that iteration (GAN-style methods alternate). Frozen teachers
+    and EMA copies are not wrapped: they are identical on every rank.
+  - ``fsdp=True``: every network - trained, the frozen teacher, EMA copies - is sharded with FSDP2
+    (``fully_shard`` on each block a network lists in ``shard_units()``, then the network). Each rank holds
+    ``1/N`` of the parameters, gradients and optimizer state; EMA copies are sharded exactly like ``net``, so the
+    EMA update is local. The ``fsdp_*`` fields below tune it.
+* ``trainer.dist_timeout_s`` - how long a collective may wait for the other ranks before the run fails
+  (the process group's timeout).
+* ``trainer.fsdp_param_dtype`` / ``trainer.fsdp_reduce_dtype`` - FSDP2's mixed-precision policy: the dtype the
+  sharded parameters are all-gathered to for forward and backward, and the dtype gradients are reduce-scattered
+  in (``None``: the parameters' own dtype). The sharded master weights and the optimizer keep ``model.precision``.
+* ``trainer.fsdp_reshard_after_forward`` - free the gathered parameters after forward and gather again for
+  backward (``True``: least memory; ``False``: one all-gather less per block, ZeRO-2 style).
+* ``trainer.fsdp_cpu_offload`` - keep the sharded parameters, gradients and optimizer state in host memory and
+  step the optimizer there (needs CUDA for compute).
+* ``trainer.fsdp_shard_size`` - hybrid sharding (HSDP): shard within groups of this many ranks and replicate across
+  groups (a 2-D ``replicate x shard`` mesh, e.g. 8 = one node of 8 GPUs); ``None`` shards over all ranks.
 * ``model.precision`` - dtype of the networks' weights (``float32``, ``bfloat16``, ``float16``).
-* ``model.meta_init`` - build networks on the meta device and materialise them later (large models).
-* ``model.torch_compile_mode`` - ``torch.compile`` mode for the student network, ``None`` for eager.
+* ``model.meta_init`` - every rank builds the networks on the meta device (no memory), shards them (FSDP) and
+  allocates only its shards; rank 0 alone builds the method for real on the host (initial weights: teacher,
+  student init, ``pretrained_ckpt_path``) and broadcasts the weights into every rank's shards. A multi-rank run
+  then holds one full copy of the weights on the host instead of one per rank (large models).
+* ``model.torch_compile_mode`` - ``torch.compile`` mode for the student network; not available yet: refused.
 """
 
 from __future__ import annotations
@@ -80,8 +106,15 @@ class BaseTrainerConfig(StrictConfig):
     seed: int = 0
     resume: bool = True
     device: str = "auto"  # auto: CUDA when available, else CPU
+    # Distribution (module docstring): torchrun distributes training only when ddp or fsdp is set.
     ddp: bool = False
     fsdp: bool = False
+    dist_timeout_s: int = 600  # collective timeout of the process group
+    fsdp_param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None  # all-gather dtype; None: as stored
+    fsdp_reduce_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None  # gradient reduce dtype
+    fsdp_reshard_after_forward: bool = True  # free gathered parameters after forward (False: ZeRO-2 style)
+    fsdp_cpu_offload: bool = False  # parameters, gradients, optimizer state in host memory (CUDA compute)
+    fsdp_shard_size: Optional[int] = None  # HSDP: shard within groups of this size, replicate across them
     callbacks: DictConfig = attrs.field(factory=_empty_dict)
     checkpointer: CheckpointerConfig = attrs.field(factory=CheckpointerConfig)
 

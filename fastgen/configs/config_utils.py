@@ -40,6 +40,9 @@ from fastgen.configs.schema import (
     validate_tree,
 )
 from fastgen.utils.errors import ConfigError
+from fastgen.utils.logging import get_logger
+
+logger = get_logger(__name__)
 
 EXPERIMENTS_PACKAGE = "fastgen.configs.experiments"
 REDACTED = "<redacted>"
@@ -161,7 +164,14 @@ def _config_from_python(path: Path) -> BaseConfig:
     create = getattr(module, "create_config", None)
     if not callable(create):
         raise ConfigError(f"config file {path} does not define create_config()")
-    config = create()
+    logger.debug("config: create_config() of %s (module %s)", path.resolve(), module.__name__)
+    try:
+        config = create()
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a user's config code: name where it failed, in one line
+        raise ConfigError(f"create_config() in {path} raised {type(exc).__name__}{_where_in(exc, path)}: "
+                          f"{_first_line(exc)}") from None
     if not isinstance(config, BaseConfig):
         raise ConfigError(
             f"create_config() in {path} returned {type(config).__name__}, expected a BaseConfig"
@@ -171,12 +181,30 @@ def _config_from_python(path: Path) -> BaseConfig:
     return config
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _where_in(exc: BaseException, path: Path) -> str:
+    """`` at line N`` of the innermost traceback frame that is in ``path`` (empty if none is)."""
+    import traceback
+
+    target = str(path.resolve())
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if str(Path(f.filename).resolve()) == target]
+    return f" at line {lines[-1]}" if lines else ""
+
+
 def config_from_yaml(path: Path) -> BaseConfig:
     """Load a ``config.yaml`` written by ``config_to_yaml`` (e.g. a run's ``config.yaml``)."""
+    logger.debug("config: %s", path.resolve())
     try:
         data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     except Exception as exc:  # omegaconf/yaml raise several types for malformed files
-        raise ConfigError(f"cannot parse {path}: {exc}") from None
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or _first_line(exc)
+        raise ConfigError(f"cannot parse {path}{where}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} does not hold a config mapping")
     return build_from_mapping(BaseConfig, data)
@@ -385,6 +413,7 @@ def apply_overrides(config: BaseConfig, overrides: Iterable[str]) -> BaseConfig:
             raise ConfigError(f"unexpected option {text!r} among the overrides")
     for text, parsed in zip(raw, _parse(raw)):
         _apply_one(config, parsed, text)
+        logger.debug("override %s", text)
     return config
 
 
@@ -411,7 +440,39 @@ def validate_config(config: BaseConfig) -> BaseConfig:
             raise ConfigError(f"trainer.callbacks.{name} is not a LazyCall node (it needs a _target_)")
     if config.log_config.name is not None and ("/" in config.log_config.name or config.log_config.name in ("", ".", "..")):
         raise ConfigError(f"log_config.name must be a plain folder name, got {config.log_config.name!r}")
+    _refuse_what_is_not_built(config)
+    if t.ddp and t.fsdp:
+        raise ConfigError("trainer.ddp and trainer.fsdp are both set: choose one (ddp replicates the networks, fsdp "
+                          "shards them)")
+    if t.dist_timeout_s < 1:
+        raise ConfigError(f"trainer.dist_timeout_s must be positive, got {t.dist_timeout_s}")
+    if t.fsdp_shard_size is not None and t.fsdp_shard_size < 1:
+        raise ConfigError(f"trainer.fsdp_shard_size must be positive or null, got {t.fsdp_shard_size}")
+    from fastgen.configs.checks import check_lazy_calls
+
+    check_lazy_calls(config)
     return config
+
+
+# Fields the schema accepts (the reference system's names) whose feature is not built yet: a config that asks for
+# one is refused rather than silently ignored. (field path, value that means "off", what to do instead)
+NOT_BUILT: tuple[tuple[str, object, str], ...] = (
+    ("model.torch_compile_mode", None, "leave it null (eager)"),
+    ("model.pretrained_model_path", None, "start from weights with trainer.checkpointer.pretrained_ckpt_path or a "
+                                          "distillation method's model.teacher_ckpt"),
+    ("trainer.checkpointer.use_s3", False, "keep checkpoints on local or shared storage (trainer.checkpointer."
+                                           "save_dir)"),
+    ("trainer.checkpointer.s3_container", None, "keep checkpoints on local or shared storage"),
+)
+
+
+def _refuse_what_is_not_built(config: BaseConfig) -> None:
+    for path, off, instead in NOT_BUILT:
+        node: Any = config
+        for part in path.split("."):
+            node = getattr(node, part)
+        if node != off:
+            raise ConfigError(f"{path}={node!r} is not supported yet: {instead}")
 
 
 # ------------------------------------------------------------------------------------------- serialization

@@ -24,17 +24,19 @@ def toy_loader(name: str = "eight_gaussians", batch_size: int = 256, num_samples
 
 
 def data_root() -> str:
-    """``$FASTGEN_DATA_ROOT`` (default ``./data``): where ``scripts/download_data.py`` prepares the datasets.
+    """``$DATA_ROOT_DIR`` (default ``./data``): where ``scripts/download_data.py`` prepares the datasets.
 
     Read when a config is created (a ``.env`` in the working directory may set it), so ``config.yaml`` records
     the resolved path; nothing on disk is touched here.
     """
-    return os.environ.get("FASTGEN_DATA_ROOT") or "./data"
+    from fastgen.utils.env import data_root as resolved
+
+    return resolved()
 
 
 def cifar10_loader(split: str = "train", batch_size: int = 128, xflip: bool = False, root: str | None = None,
                    seed: int = 0) -> DictConfig:
-    """CIFAR-10 (binary version) from ``root`` (default ``$FASTGEN_DATA_ROOT/cifar10``; prepare it with
+    """CIFAR-10 (binary version) from ``root`` (default ``$DATA_ROOT_DIR/cifar10``; prepare it with
     ``python scripts/download_data.py cifar10``). ``xflip`` adds mirrored copies (EDM's ``--xflip``)."""
     return LazyCall("fastgen.datasets.loader.build_dataloader")(
         dataset=LazyCall("fastgen.datasets.cifar10.CIFAR10Dataset")(

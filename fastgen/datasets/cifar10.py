@@ -3,7 +3,7 @@
 Why the binary files: they are plain bytes - each record is one label byte (0-9) followed by the 3,072 pixel
 bytes of a 32x32 RGB image in channel-major (CHW) order - so reading them runs no code from the download,
 unlike the Python version's pickles, which are never unpickled here. ``scripts/download_data.py cifar10``
-downloads, verifies (md5) and extracts them into ``$FASTGEN_DATA_ROOT/cifar10/cifar-10-batches-bin``:
+downloads, verifies (md5) and extracts them into ``$DATA_ROOT_DIR/cifar10/cifar-10-batches-bin``:
 ``data_batch_1.bin`` ... ``data_batch_5.bin`` (train, 5 x 10,000 records) and ``test_batch.bin`` (10,000).
 
 Items are ``{"real": float32 (3, 32, 32) in [-1, 1], "condition": int64 label}``; pixels map as
@@ -110,7 +110,7 @@ def read_split(root: str | os.PathLike[str], split: str = "train") -> tuple[torc
 
 
 class CIFAR10Dataset:
-    """CIFAR-10 from ``root`` (``$FASTGEN_DATA_ROOT/cifar10``, or the ``cifar-10-batches-bin`` folder itself).
+    """CIFAR-10 from ``root`` (``$DATA_ROOT_DIR/cifar10``, or the ``cifar-10-batches-bin`` folder itself).
 
     ``split`` is ``train`` (50,000 images) or ``test`` (10,000); ``xflip`` doubles the dataset with mirrored
     copies (see the module docstring). Missing or malformed files raise ``UsageError`` naming the file and the

@@ -38,6 +38,11 @@ class SampleSet:
 
 
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray | None, str | None]:
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        raise UsageError(f"{path} is not an .npz file: `fastgen eval` reads the .npz files `fastgen sample` writes "
+                         "(a file, a folder of them, or a run directory)")
     try:
         with np.load(path, allow_pickle=False) as data:
             if "arr_0" not in data:
@@ -51,12 +56,17 @@ def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray | None, str | None]:
 
 
 def load_sample_files(path: str | os.PathLike[str]) -> SampleSet:
-    """Read an ``.npz`` of samples, or every ``*.npz`` in a folder (same shapes; labels in all or none)."""
+    """Read an ``.npz`` of samples, or every ``*.npz`` in a folder - for a run directory, its ``samples/`` folder
+    (same shapes; labels in all or none)."""
     target = Path(path).expanduser()
     if target.is_dir():
         files = sorted(target.glob("*.npz"))
+        if not files and (target / "samples").is_dir():  # a run directory: `fastgen sample` writes to samples/
+            target = target / "samples"
+            files = sorted(target.glob("*.npz"))
         if not files:
-            raise UsageError(f"no .npz files in {target}")
+            hint = f" or {target / 'samples'}" if target.name != "samples" else ""
+            raise UsageError(f"no .npz files in {target}{hint}; write some with `fastgen sample RUN_DIR`")
     elif target.is_file():
         files = [target]
     else:

@@ -139,6 +139,13 @@ class DMD2Model(DistillationModel):
         except RuntimeError:  # a differently shaped fake score keeps its own initialisation
             logger.info("model.fake_score differs from the teacher's architecture: it starts from its own initialisation")
 
+    def fsdp_conflict(self) -> str | None:
+        if self.use_gan and self.config.r1_weight > 0 and self.config.r1_estimator == "exact":
+            return ("model.r1_estimator=exact differentiates the R1 penalty twice through the sharded teacher and "
+                    "heads, which FSDP2 cannot do (it frees the gathered parameters after the first backward); use "
+                    "model.r1_estimator=finite_difference with trainer.fsdp, or trainer.ddp")
+        return None
+
     def is_student_iteration(self, iteration: int) -> bool:
         return iteration % self.config.student_update_freq == 0
 

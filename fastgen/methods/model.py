@@ -106,6 +106,11 @@ class FastGenModel(nn.Module):
         """Names of the optimizers stepped at ``iteration`` (all of them by default)."""
         return list(self.optimizers)
 
+    def fsdp_conflict(self) -> str | None:
+        """A setting of this method that FSDP2 cannot run, as a one-line reason naming the config key (``None``:
+        none). ``fastgen.utils.parallelize`` refuses to shard the method then."""
+        return None
+
     # ---- carried state (fastgen.callbacks.carry.CarryCallback) ---------------------------------------------------
     #: The committed state a method carries across iterations, read (never modified) in ``single_train_step``.
     #: ``None``: the method carries nothing. A method that carries state sets a dict in ``__init__``; from then on

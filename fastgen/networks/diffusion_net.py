@@ -29,6 +29,11 @@ class DiffusionNet(nn.Module):
         self.noise_scheduler = noise_scheduler
         self._backbone_exits_early = "features_only" in inspect.signature(backbone.forward).parameters
 
+    def shard_units(self) -> list[nn.Module]:
+        """The blocks FSDP shards one by one (``fastgen.utils.parallelize``): the backbone's, if it lists any."""
+        units = getattr(self.backbone, "shard_units", None)
+        return list(units()) if callable(units) else []
+
     @property
     def native_pred_type(self) -> str:
         return self.noise_scheduler.native_pred_type
@@ -53,7 +58,7 @@ class DiffusionNet(nn.Module):
         c_noise_r = None if r is None else self.noise_scheduler.precondition(r.to(x_t.dtype))[3]
         early = {"features_only": True} if features_only and self._backbone_exits_early else {}
         out = self.backbone(
-            expand_like(c_in, x_t) * x_t,
+            (expand_like(c_in, x_t) * x_t).to(x_t.dtype),  # float32 coefficients must not promote a bf16 input
             c_noise,
             condition=condition,
             r_noise=c_noise_r,

@@ -124,7 +124,9 @@ class FeatureHead(nn.Module):
         h = self.body(feature)
         if self.spatial:
             h = h.mean(dim=(2, 3))
-        return self.out(h).squeeze(1)
+        # A fresh tensor, not a view of the linear layer's output: FSDP2 hooks the outputs of the modules it wraps, and
+        # an in-place op on a returned view would bypass that hook (torch warns about every such view).
+        return self.out(h).squeeze(1).clone()
 
 
 class FeatureDiscriminator(nn.Module):
@@ -137,6 +139,10 @@ class FeatureDiscriminator(nn.Module):
             raise ValueError(f"minibatch_std_group must be >= 0, got {minibatch_std_group}")
         self.heads = nn.ModuleList(FeatureHead(int(shape[0]), spatial=len(shape) == 3, hidden=hidden,
                                                minibatch_std_group=minibatch_std_group) for shape in feature_shapes)
+
+    def shard_units(self) -> list[nn.Module]:
+        """Each head: FSDP's shard units."""
+        return list(self.heads)
 
     def forward(self, features: list[torch.Tensor], group: int | torch.Tensor | None = None) -> torch.Tensor:
         """``group`` overrides the minibatch-std grouping for this call: a group size, or a ``(B,)`` group index

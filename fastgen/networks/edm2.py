@@ -174,6 +174,22 @@ def mpconv_weights(modules: nn.Module | Iterable[nn.Module]) -> list[torch.Tenso
     return weights
 
 
+def _whole_rows(weight: torch.Tensor) -> torch.Tensor:
+    """The part of ``weight`` this rank stores, as whole output-channel rows: the tensor itself, or a sharded
+    parameter's local shard. FSDP2 shards dimension 0, so every local row is a complete output channel and the
+    per-row normalisation needs no communication."""
+    try:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+    except ImportError:  # torch built without distributed support
+        return weight
+    if not isinstance(weight, DTensor):
+        return weight
+    if any(not (isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim == 0)) for p in weight.placements):
+        raise ValueError(f"forced weight normalisation needs whole output channels per rank; got placements "
+                         f"{weight.placements}")
+    return weight.to_local()
+
+
 @torch.no_grad()
 def forced_weight_norm_(modules: nn.Module | Iterable[nn.Module] | list[torch.Tensor], eps: float = 1e-4) -> int:
     """Forced weight normalisation of every ``MPConv`` weight in ``modules``, in place (EDM2 Sec. 2.3, Eq. 66):
@@ -189,8 +205,9 @@ def forced_weight_norm_(modules: nn.Module | Iterable[nn.Module] | list[torch.Te
     else:
         weights = mpconv_weights(modules)  # type: ignore[arg-type]
     groups: dict[tuple[int, torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for w in weights:
-        groups.setdefault((w[0].numel(), w.dtype, w.device), []).append(w)
+    for w in map(_whole_rows, weights):
+        if w.shape[0] > 0:  # an uneven FSDP shard can hold no rows on this rank
+            groups.setdefault((w[0].numel(), w.dtype, w.device), []).append(w)
     for (fan_in, dtype, _), group in groups.items():
         stacked = torch.cat([w.reshape(w.shape[0], fan_in) for w in group], dim=0).float()
         norms = torch.linalg.vector_norm(stacked, dim=1, keepdim=True)
@@ -355,6 +372,10 @@ class EDM2UNet(nn.Module):
         # Uncertainty head u(sigma) (EDM2 Sec. 5, Eq. 21; as in EDM2's Precond).
         self.logvar_fourier = MPFourier(logvar_channels)
         self.logvar_linear = MPConv(logvar_channels, 1, kernel=())
+
+    def shard_units(self) -> list[nn.Module]:
+        """Every encoder and decoder block: FSDP's shard units."""
+        return [m for m in (*self.enc.values(), *self.dec.values()) if isinstance(m, Block)]
 
     def embedding(self, c_noise: torch.Tensor, condition: torch.Tensor | None, r_noise: torch.Tensor | None,
                   dtype: torch.dtype) -> torch.Tensor:

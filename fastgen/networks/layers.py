@@ -39,7 +39,9 @@ class ConditionEmbedding(nn.Module):
         parts = [self.fourier(c_noise)]
         if self.r_fourier is not None:
             parts.append(self.r_fourier(c_noise if r_noise is None else r_noise))
-        emb = self.mlp(torch.cat(parts, dim=1))
+        # Fourier features are computed in the float32 of their frequencies; the MLP may hold another dtype (bf16
+        # weights, or FSDP2 gathering float32 shards as bf16 for compute).
+        emb = self.mlp(torch.cat(parts, dim=1).to(self.mlp[0].weight.dtype))
         if self.label is not None and condition is not None:
             emb = emb + self.label(as_one_hot(condition, self.num_classes).to(emb.dtype))
         return emb

@@ -28,6 +28,10 @@ class MLPDenoiser(nn.Module):
         """The ``feature_indices`` entry of the last hidden layer - where discriminator heads attach."""
         return len(self.layers) - 1
 
+    def shard_units(self) -> list[nn.Module]:
+        """Each hidden layer: FSDP's shard units."""
+        return list(self.layers)
+
     def forward(self, x: torch.Tensor, c_noise: torch.Tensor, condition: torch.Tensor | None = None,
                 r_noise: torch.Tensor | None = None, feature_indices: list[int] | None = None,
                 return_logvar: bool = False, features_only: bool = False) -> Any:

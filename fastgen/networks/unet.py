@@ -133,6 +133,11 @@ class UNet(nn.Module):
         nn.init.zeros_(self.conv_out.weight)
         nn.init.zeros_(self.conv_out.bias)
 
+    def shard_units(self) -> list[nn.Module]:
+        """Each residual unit (with its attention) and each middle block: FSDP's shard units."""
+        units = [u for level in (*self.down, *self.up) for u in level if isinstance(u, Unit)]
+        return units + [block for block in self.mid if any(True for _ in block.parameters())]
+
     @property
     def bottleneck_feature_index(self) -> int:
         """The ``feature_indices`` entry of the bottleneck (deepest) features - where discriminator heads attach."""

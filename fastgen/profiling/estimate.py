@@ -8,8 +8,11 @@ What it counts, per rank, in bytes:
 * ``optimizer_state`` - what the optimizers keep, found by *running one optimizer step on the meta device* and
   adding up ``optimizer.state``: for Adam that is two moments per parameter plus a step counter (Kingma & Ba
   2015, Algorithm 1: ``m_t`` and ``v_t``), i.e. the ``K = 8`` bytes per fp32 parameter of Rajbhandari et al.
-  2020 (ZeRO), Sec. 3.1 without a master copy. An optimizer that cannot step on the meta device falls back to
-  that rule (Adam-like: 2 x parameters; SGD with momentum: 1 x; otherwise 0) and says so in ``method``.
+  2020 (ZeRO), Sec. 3.1 without a master copy. ``torch.optim.LBFGS`` cannot step without a closure, so its state
+  is counted from what it documents and keeps (:func:`lbfgs_state_bytes`): at a full history that is
+  ``2 * history_size + 2`` flat copies of the parameters - by far the largest of the optimizers. Any other
+  optimizer that cannot step on the meta device falls back to the rule above (Adam-like: 2 x parameters; SGD with
+  momentum: 1 x; otherwise 0) and says so in ``method``.
 
 With ``trainer.fsdp`` and more than one rank, parameters, gradients and optimizer state are sharded: each rank
 holds ``1 / N`` of each (ZeRO stage 3 / FSDP full sharding, Rajbhandari et al. 2020, Fig. 1:
@@ -43,6 +46,26 @@ def _nbytes(tensor: Any) -> int:
     return int(tensor.numel()) * int(tensor.element_size())
 
 
+def lbfgs_state_bytes(optimizer: Any) -> int:
+    """Bytes of ``torch.optim.LBFGS``'s state once its history is full (after ``history_size`` accepted updates).
+
+    LBFGS keeps one state for all its parameters, flattened into vectors of ``N`` elements (Nocedal 1980; the
+    torch implementation, ``torch/optim/lbfgs.py``): the search direction ``d`` and the previous gradient
+    ``prev_flat_grad`` (``N`` each), the curvature pairs ``old_dirs`` (``y = g_k+1 - g_k``) and ``old_stps``
+    (``s = t d``), ``history_size`` vectors each, and the 0-dim tensors ``ro`` (``1 / y.s``, ``history_size``),
+    ``al`` (``history_size``) and ``H_diag``; the step ``t`` and the counters are Python numbers. So
+    ``((2 * history_size + 2) * N + 2 * history_size + 1)`` elements. (torch's docstring quotes
+    ``param_bytes * (history_size + 1)``, which leaves out one of the two histories.) Transient buffers of a step
+    (the flat gradient, the two-loop recursion's ``q``, the line search's copies) are not state and not counted.
+    """
+    group = optimizer.param_groups[0]
+    history = int(group["history_size"])
+    params = list(group["params"])
+    flat = sum(_nbytes(p) for p in params)  # a complex parameter is flattened as two reals: the same bytes
+    scalar = params[0].element_size() // (2 if params[0].is_complex() else 1) if params else 0
+    return (2 * history + 2) * flat + (2 * history + 1) * scalar
+
+
 def estimate_memory(config: Any, world_size: int = 1, model: Any = None) -> dict[str, Any]:
     """Bytes per rank of parameters, gradients and optimizer state (see the module docstring)."""
     import torch
@@ -70,6 +93,10 @@ def estimate_memory(config: Any, world_size: int = 1, model: Any = None) -> dict
                     stepped.append(p)
     optimizer_state, method = 0, "one optimizer step on the meta device"
     for name, optimizer in model.optimizer_dict.items():
+        if isinstance(optimizer, torch.optim.LBFGS):
+            optimizer_state += lbfgs_state_bytes(optimizer)
+            method = f"LBFGS's state at a full history of {optimizer.param_groups[0]['history_size']} pairs"
+            continue
         try:
             for p in (p for g in optimizer.param_groups for p in g["params"]):
                 p.grad = torch.zeros_like(p, device="meta")

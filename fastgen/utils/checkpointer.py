@@ -35,6 +35,30 @@ _NAME = re.compile(r"^(\d{7,})\.pth$")
 FORMAT = "fastgen-checkpoint"
 
 
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file that exists but cannot be read (truncated, corrupt, not a torch file)."""
+
+    def __init__(self, path: Path, reason: str, previous: Path | None = None) -> None:
+        self.path, self.reason = path, reason
+        if previous is not None:
+            advice = (f"the previous checkpoint {previous.name} is complete: move {path.name} away to resume from "
+                      "it, or start fresh with trainer.resume=False")
+        else:
+            advice = "delete it to resume from the previous one, or start fresh with trainer.resume=False"
+        super().__init__(f"checkpoint {path} is corrupt or truncated ({reason}); {advice}")
+
+
+def looks_complete(path: Path) -> bool:
+    """A cheap check that ``path`` is a whole torch checkpoint: its zip directory (at the end of the file) reads."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return bool(archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 class Checkpointer:
     def __init__(self, save_dir: str, run_dir: Path, keep_last_n: int | None = None) -> None:
         path = Path(os.path.expandvars(save_dir)).expanduser()
@@ -54,6 +78,11 @@ class Checkpointer:
             if match and entry.is_file():
                 found.append((int(match.group(1)), entry))
         return sorted(found)
+
+    def previous_complete(self, before: Path) -> Path | None:
+        """The newest checkpoint older than ``before`` whose file looks complete (``looks_complete``)."""
+        older = [path for _, path in self.list() if path != before and path.name < before.name]
+        return next((path for path in reversed(older) if looks_complete(path)), None)
 
     def latest(self) -> Path | None:
         found = self.list()
@@ -82,11 +111,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, zipfile errors...
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt or truncated ({reason[:200]}); delete it to resume from the previous "
-            "one, or start fresh with trainer.resume=False"
-        ) from None
+        reason = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else type(exc).__name__
+        raise CorruptCheckpointError(path, reason) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         if isinstance(payload, dict) and "model" not in payload and all(isinstance(v, torch.Tensor) for v in payload.values()):
             # A bare state_dict (e.g. from convert-ckpt or another tool): treat it as the weights of `net`.

@@ -2,18 +2,63 @@
 
 Library code asks these instead of ``torch.distributed`` directly, so nothing assumes a single process and
 nothing crashes when no group exists.
+
+``init_distributed(trainer_config)`` owns the start of a multi-rank run (torchrun sets ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` / ``MASTER_PORT``):
+
+* it refuses ``WORLD_SIZE > 1`` when the config sets neither ``trainer.ddp`` nor ``trainer.fsdp`` - the ranks
+  would train independent replicas and all but rank 0's work would be thrown away;
+* the backend follows the device: NCCL for CUDA (after ``torch.cuda.set_device(LOCAL_RANK)``, before any CUDA
+  work, so no rank creates a context on GPU 0), gloo on CPU;
+* the collective timeout is ``trainer.dist_timeout_s``;
+* the device mesh is 1-D (all ranks), or 2-D ``(replicate, shard)`` for hybrid sharding
+  (``trainer.fsdp_shard_size``);
+* ``teardown()`` destroys the group at exit.
+
+A rank that fails tells the others through the rendezvous store (``FailureWatch``): every rank runs a small
+thread that polls the store, so the other ranks stop within a second with one line naming the failing rank and
+its error, instead of hanging in a collective until the timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from fastgen.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+FAILURE_KEY = "fastgen/failure"
+
+
+_LOCAL_ONLY = threading.local()
+
 
 def is_initialized() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    """True when a process group exists and this thread is not inside ``local_only()``."""
+    return dist.is_available() and dist.is_initialized() and not getattr(_LOCAL_ONLY, "active", False)
+
+
+@contextlib.contextmanager
+def local_only() -> Iterator[None]:
+    """Run code on one rank as if it were a single process: these helpers skip their collectives (``barrier``,
+    ``broadcast_object``, ``all_reduce_mean``, ``any_rank``) and report this rank's ``RANK``. For work only rank 0
+    does while the others wait, such as building the real model under ``model.meta_init``."""
+    previous = getattr(_LOCAL_ONLY, "active", False)
+    _LOCAL_ONLY.active = True
+    try:
+        yield
+    finally:
+        _LOCAL_ONLY.active = previous
 
 
 def get_rank() -> int:
@@ -45,12 +90,29 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def any_rank(flag: bool, device: torch.device | None = None) -> bool:
+    """True on every rank when ``flag`` is true on at least one: a decision that changes control flow (stop,
+    skip, reject) must be taken by all ranks together, or they leave their collectives out of step."""
+    if not (is_initialized() and get_world_size() > 1):
+        return flag
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device or collective_device())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
 def broadcast_object(obj: object, src: int = 0) -> object:
     if not is_initialized():
         return obj
     holder = [obj]
     dist.broadcast_object_list(holder, src=src)
     return holder[0]
+
+
+def collective_device() -> torch.device:
+    """Where a collective's tensors must live: CPU for gloo, the current CUDA device for NCCL."""
+    if is_initialized() and "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def select_device(preference: str = "auto") -> torch.device:
@@ -60,3 +122,161 @@ def select_device(preference: str = "auto") -> torch.device:
             return torch.device("cuda", get_local_rank() % max(torch.cuda.device_count(), 1))
         return torch.device("cpu")
     return torch.device(preference)
+
+
+def launched_world_size() -> int:
+    """``WORLD_SIZE`` as the launcher set it (1 when no launcher did)."""
+    try:
+        return max(int(os.environ.get("WORLD_SIZE", "1") or 1), 1)
+    except ValueError:
+        return 1
+
+
+# ---- the start and end of a multi-rank run ------------------------------------------------------------------------
+def init_distributed(trainer_config: Any) -> Any:
+    """Join the launcher's process group (when ``WORLD_SIZE > 1``) and return the device mesh, else ``None``.
+
+    Raises ``ConfigError`` for a multi-rank launch of a config that distributes nothing, and for an FSDP shard
+    size that does not divide the world size.
+    """
+    from fastgen.utils.errors import ConfigError
+
+    world = launched_world_size()
+    distributes = bool(trainer_config.ddp or trainer_config.fsdp)
+    launched = "MASTER_ADDR" in os.environ and "RANK" in os.environ  # a launcher set up a rendezvous
+    if not is_initialized() and (world == 1 and not (distributes and launched)):
+        return None  # one process: nothing to join (a 1-rank torchrun job with ddp/fsdp still forms a group)
+    if not distributes:
+        raise ConfigError(
+            f"this run was launched on {world} ranks, but torchrun distributes training only when the config sets "
+            "trainer.ddp or trainer.fsdp: add - trainer.ddp=True (replicate the model) or - trainer.fsdp=True "
+            "(shard it); without either every rank would train its own copy")
+    shard_size = getattr(trainer_config, "fsdp_shard_size", None)
+    if shard_size is not None and (shard_size < 1 or world % shard_size):
+        raise ConfigError(f"trainer.fsdp_shard_size={shard_size} must divide the world size {world}")
+    device = select_device(trainer_config.device)
+    if not is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(seconds=float(trainer_config.dist_timeout_s))
+        kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout}
+        if device.type == "cuda":
+            kwargs["device_id"] = device
+        dist.init_process_group(**kwargs)
+        logger.debug("rank %d of %d joined the process group (%s, timeout %ss)", get_rank(), get_world_size(),
+                     backend, trainer_config.dist_timeout_s)
+    return build_mesh(device.type, get_world_size(), shard_size if trainer_config.fsdp else None)
+
+
+def build_mesh(device_type: str, world: int, shard_size: int | None = None) -> Any:
+    """A 1-D mesh over every rank, or the 2-D ``("replicate", "shard")`` mesh of hybrid sharding."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if shard_size is None or shard_size == world:
+        return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+    return init_device_mesh(device_type, (world // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))
+
+
+def teardown() -> None:
+    """Leave the process group (every rank, at the end of a run or after a failure)."""
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+# ---- failures: one rank's error stops every rank promptly ---------------------------------------------------------
+def _store() -> Any:
+    """The default group's rendezvous store, or ``None`` (single process, or a backend without one)."""
+    if not is_initialized():
+        return None
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+    except Exception:  # noqa: BLE001 - no store: failures then surface as collective errors or timeouts
+        return None
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """A collective that failed because another rank went away (its own failure is the one to report)."""
+    text = str(exc)
+    return isinstance(exc, dist.DistError) or "Connection closed by peer" in text or "Connection reset by peer" in text
+
+
+def report_failure(message: str, secondary: bool = False, exit_code: int = 1) -> None:
+    """Tell the other ranks that this one failed (first failure wins), and a launcher's agent what the error was
+    (before this rank's clean-up, during which the agent may already stop it); never raises. ``secondary``: the
+    failure only follows another rank's (``is_peer_failure``), so the other ranks are not told."""
+    from fastgen.utils.launch import record_worker_error
+
+    text = f"rank {get_rank()}: {message}"
+    record_worker_error(text, secondary=secondary, exit_code=exit_code)
+    store = None if secondary else _store()
+    if store is None:
+        return
+    try:
+        store.compare_set(FAILURE_KEY, "", text)
+    except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
+        pass
+
+
+def reported_failure() -> str | None:
+    """The first failure a rank reported, if any (non-blocking)."""
+    store = _store()
+    if store is None:
+        return None
+    try:
+        if store.check([FAILURE_KEY]):
+            text = store.get(FAILURE_KEY).decode()
+            return text or None
+    except Exception:  # noqa: BLE001
+        return None
+    return None
+
+
+class FailureWatch:
+    """A daemon thread that polls the store for another rank's failure and then ends this process with
+    ``on_failure(message)`` (which must not return) - unless this rank's own work ends within ``grace_s`` (it hit
+    the same error, or it was not waiting on the failed rank), which ``stop()`` signals. Start it once the group
+    exists; ``stop()`` at the end."""
+
+    def __init__(self, on_failure: Callable[[str], None], interval_s: float = 0.5, grace_s: float = 3.0) -> None:
+        self.on_failure = on_failure
+        self.interval_s = interval_s
+        self.grace_s = grace_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> FailureWatch:
+        if _store() is not None and get_world_size() > 1:
+            self._thread = threading.Thread(target=self._run, name="fastgen-failure-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        own = f"rank {get_rank()}:"
+        while not self._stop.wait(self.interval_s):
+            message = reported_failure()
+            if message and not message.startswith(own):
+                if not self._stop.wait(self.grace_s):
+                    self.on_failure(message)
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def exit_on_peer_failure(message: str) -> None:
+    """``FailureWatch``'s default action: say which rank failed (one line) and end this process at once - its
+    main thread is likely blocked in a collective that will never complete. A worker of ``fastgen ...
+    --nproc-per-node`` tells its launcher instead, which reports the first failure once."""
+    import sys
+
+    from fastgen.utils.launch import launched, record_worker_error
+
+    line = f"rank {get_rank()} stopped because {message}"
+    if not (launched() and record_worker_error(line, secondary=True)):
+        sys.stderr.write(f"error: {line}\n")
+        sys.stderr.flush()
+    time.sleep(0.05)
+    os._exit(1)

@@ -110,5 +110,13 @@ def describe_credentials() -> dict[str, str]:
     return report
 
 
+DEFAULT_DATA_ROOT = "./data"
+
+
+def data_root() -> str:
+    """``$DATA_ROOT_DIR`` (default ``./data``): where datasets are prepared and read (``.env.example`` names it)."""
+    return os.environ.get("DATA_ROOT_DIR") or DEFAULT_DATA_ROOT
+
+
 def output_root() -> Path:
     return Path(os.environ.get("FASTGEN_OUTPUT_ROOT", "./FASTGEN_OUTPUT"))

@@ -65,6 +65,46 @@ def test_ema_beta_formulas_by_hand(iteration: int) -> None:
     assert ema_beta("halflife", iteration, halflife_kimg=500, rampup_ratio=0.05, batch_size=batch) == pytest.approx(0.5 ** (batch / h))
 
 
+@pytest.mark.parametrize(("gamma", "sigma_rel"), [(6.94, 0.10), (16.97, 0.05)])
+def test_power_ema_width_sigma_rel_and_gamma_convert_both_ways(gamma: float, sigma_rel: float) -> None:
+    """EDM2 (Karras et al. 2024, Eq. 3 and appendix Eq. 123): sigma_rel = (gamma+1)^(1/2) / ((gamma+2) (gamma+3)^(1/2)).
+    By hand: gamma 6.94 -> sqrt(7.94) / (8.94 sqrt(9.94)) = 2.8178 / 28.186 = 0.09997; gamma 16.97 -> sqrt(17.97) /
+    (18.97 sqrt(19.97)) = 4.2391 / 84.773 = 0.05001. EDM2's own pairs are quoted to two decimals of gamma."""
+    from fastgen.callbacks.ema import EMACallback, gamma_from_sigma_rel, sigma_rel_from_gamma
+
+    assert sigma_rel_from_gamma(gamma) == pytest.approx(sigma_rel, abs=5e-5)
+    assert gamma_from_sigma_rel(sigma_rel) == pytest.approx(gamma, abs=0.01)
+    assert sigma_rel_from_gamma(gamma_from_sigma_rel(sigma_rel)) == pytest.approx(sigma_rel, rel=1e-12)
+    callback = EMACallback(type="power", sigma_rel=sigma_rel)
+    assert callback.gamma == pytest.approx(gamma, abs=0.01)
+    assert ema_beta("power", 100, gamma=callback.gamma) == pytest.approx(0.99 ** (gamma + 1), rel=1e-3)
+
+
+def test_power_ema_takes_gamma_or_sigma_rel_not_both() -> None:
+    from fastgen.callbacks.ema import EMACallback
+    from fastgen.utils.errors import ConfigError
+
+    assert EMACallback(type="power").gamma == 6.94  # the default width, sigma_rel ~ 0.10
+    assert EMACallback(type="power", gamma=3.0).gamma == 3.0
+    with pytest.raises(ConfigError, match="not both"):
+        EMACallback(type="power", gamma=6.94, sigma_rel=0.1)
+    with pytest.raises(ConfigError, match="type='constant' does not use it"):
+        EMACallback(type="constant", sigma_rel=0.1)
+    for bad in (0.0, -0.1, 0.3):  # sigma_rel(gamma=0) = 1/(2 sqrt 3) = 0.2887 is the widest profile
+        with pytest.raises(ConfigError, match="out of range"):
+            EMACallback(type="power", sigma_rel=bad)
+
+
+def test_a_run_with_sigma_rel_averages_with_the_converted_gamma() -> None:
+    config = tiny_toy_config("ema_sigma_rel", max_iter=5)
+    config.trainer.callbacks.ema.type = "power"
+    config.trainer.callbacks.ema.sigma_rel = 0.05
+    trainer = Trainer(config)
+    trainer.run()
+    ema = trainer.callbacks["ema"]
+    assert ema.num_updates == 5 and ema.last_beta == pytest.approx((1 - 1 / 5) ** (16.97 + 1), rel=1e-3)
+
+
 def test_ema_callback_tracks_the_network() -> None:
     config = tiny_toy_config("ema", max_iter=5)
     config.trainer.callbacks.ema.beta = 0.9

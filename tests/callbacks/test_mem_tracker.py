@@ -134,7 +134,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
     result: dict[str, Any] = {}
     try:
         tracker = MemTrackerCallback(start_iter=0, num_iters=2, output=str(Path(out_dir) / "mem" / "report.html"))
-        config = tiny_toy_config("mem_ranks", max_iter=2)
+        config = tiny_toy_config("mem_ranks", max_iter=2, ddp=True)
         config.dataloader_train.batch_size = 16 * (rank + 1)  # rank 1 uses more activation memory
         Trainer(config, extra_callbacks={"mem": tracker}).run()
         result["report"] = str(tracker.report_path) if tracker.report_path else None

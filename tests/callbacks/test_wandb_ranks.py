@@ -69,7 +69,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         gathered = gather_to_rank0({"rank": rank, "t": torch.full((2,), float(rank))})
         result["gather"] = gathered
         # 16 per rank x 2 ranks x 2 accumulation rounds = 64 per optimizer step
-        config = tiny_toy_config("two_ranks", max_iter=4, logging_iter=2, save_ckpt_iter=100, batch_size_global=64)
+        config = tiny_toy_config("two_ranks", max_iter=4, logging_iter=2, save_ckpt_iter=100, batch_size_global=64, ddp=True)
         config.log_config.wandb_mode = "offline"
         rounds, probe = RoundLosses(), GatherProbe()
         wandb_cb = RecordingWandb(sample_iter=2, num_samples=NUM_SAMPLES, log_modules={"probe": probe})

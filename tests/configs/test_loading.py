@@ -223,14 +223,6 @@ def test_list_and_resolve_recipes():
     assert resolve_recipe("no_such_recipe_anywhere") is None
 
 
-@pytest.mark.parametrize("name", ["Digits/config_sft_digits", "Toy/config_sft_toy", "Toy/config_sft_flow_toy"])
-def test_every_builtin_recipe_loads_and_validates(name):
-    from fastgen.configs.config_utils import validate_config
-
-    config = load_config(name)
-    assert validate_config(config) is config
-
-
 # ---------------------------------------------------------------------------------------------------- errors
 def test_missing_file_is_config_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -56,7 +56,7 @@ def test_set_attrs_fields_of_every_basic_type(toy):
             "model.input_shape=[3,16,16]",
             "log_config.wandb_mode=offline",
             "trainer.checkpointer.keep_last_n=3",
-            "trainer.checkpointer.use_s3=true",
+            "trainer.fsdp_reshard_after_forward=false",
             "credentials_dir=/secure/creds",
         ],
     )
@@ -69,7 +69,7 @@ def test_set_attrs_fields_of_every_basic_type(toy):
     assert toy.model.input_shape == [3, 16, 16]
     assert toy.log_config.wandb_mode == "offline"
     assert toy.trainer.checkpointer.keep_last_n == 3
-    assert toy.trainer.checkpointer.use_s3 is True
+    assert toy.trainer.fsdp_reshard_after_forward is False
     assert toy.credentials_dir == "/secure/creds"
     validate_config(toy)
 
@@ -414,7 +414,7 @@ def test_tilde_on_attrs_field_fails(toy):
 
 
 def test_overrides_then_validate(toy):
-    apply_overrides(toy, ["trainer.max_iter=10", "+dataloader_train.datatags=[a,b]", "model.net_optimizer.lr=2e-4"])
+    apply_overrides(toy, ["trainer.max_iter=10", "+dataloader_train.drop_last=false", "model.net_optimizer.lr=2e-4"])
     assert validate_config(toy) is toy
 
 

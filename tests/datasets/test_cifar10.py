@@ -77,20 +77,20 @@ def test_loader_batches_and_the_config_builder(cifar_root: tuple[Path, dict], mo
     assert all(b["real"].shape == (8, 3, 32, 32) and b["condition"].shape == (8,) for b in seen)
     assert all(b["real"].min() >= -1 and b["real"].max() <= 1 for b in seen)
 
-    monkeypatch.setenv("FASTGEN_DATA_ROOT", str(root.parent))
+    monkeypatch.setenv("DATA_ROOT_DIR", str(root.parent))
     node = cifar10_loader(split="test", batch_size=3)
-    assert node.dataset.root == str(root)  # $FASTGEN_DATA_ROOT/cifar10, resolved when the config is made
+    assert node.dataset.root == str(root)  # $DATA_ROOT_DIR/cifar10, resolved when the config is made
     batch = next(instantiate(node))
     assert batch["real"].shape == (3, 3, 32, 32)
 
 
 def test_config_builder_touches_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     missing = tmp_path / "nowhere"
-    monkeypatch.setenv("FASTGEN_DATA_ROOT", str(missing))
+    monkeypatch.setenv("DATA_ROOT_DIR", str(missing))
     node = cifar10_loader()
     assert node.dataset.root == str(missing / "cifar10")
     assert not missing.exists()
-    monkeypatch.delenv("FASTGEN_DATA_ROOT")
+    monkeypatch.delenv("DATA_ROOT_DIR")
     assert cifar10_loader().dataset.root == "./data/cifar10"
 
 

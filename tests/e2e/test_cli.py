@@ -149,9 +149,15 @@ def test_corrupt_checkpoint_is_exit_1_one_line(output_root: Path, tmp_path: Path
 
 
 def test_debug_env_shows_the_traceback(tmp_path: Path) -> None:
+    """``FASTGEN_DEBUG=1`` turns the one-line error into the traceback of *that* error: a traceback of anything
+    else (a crash on the way) or the one line alone fails."""
     result = run_cli("train", "--config=missing.py", cwd=tmp_path, env={"FASTGEN_DEBUG": "1"})
     assert result.returncode != 0
-    assert "Traceback" in result.stderr or "ConfigError" in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback (most recent call last):" in lines, result.stderr
+    assert lines[-1] == "fastgen.utils.errors.ConfigError: config file not found: missing.py", result.stderr
+    assert not any(line.startswith("error:") for line in lines)
+    _one_line_error(run_cli("train", "--config=missing.py", cwd=tmp_path), 2, "config file not found: missing.py")
 
 
 def test_init_scaffolds_a_config_that_trains(output_root: Path, tmp_path: Path) -> None:
@@ -184,8 +190,51 @@ def test_env_reports_credentials_without_values(tmp_path: Path) -> None:
     assert "WANDB_API_KEY" in result.stdout and "wandb_api.txt" in result.stdout
     for secret in ("s3cr3t-wandb-key", "AKIAEXAMPLE", "very-secret", "sk-from-env"):
         assert secret not in result.stdout + result.stderr
-    as_json = run_cli("env", "--json", cwd=tmp_path)
-    assert as_json.returncode == 0 and '"versions"' in as_json.stdout
+
+
+def test_env_json_has_the_documented_keys_and_no_secret_values(tmp_path: Path, output_root: Path) -> None:
+    """``fastgen env --json``: the four sections with their keys and the values of this installation; every
+    credential that is set (from the credentials folder, the environment or ``.env``) says where it came from,
+    and none of their values appears anywhere in the output."""
+    import json
+
+    import torch
+
+    import fastgen
+
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "wandb_api.txt").write_text("wandb-8f1e2d3c4b5a\n")
+    (creds / "s3.json").write_text('{"aws_access_key_id": "AKIA7Q2W3E4R", "aws_secret_access_key": "aws-9z8y7x6w"}')
+    (tmp_path / ".env").write_text("AWS_SESSION_TOKEN=session-5t4r3e2w\n")
+    secrets = {"WANDB_API_KEY": "wandb-8f1e2d3c4b5a", "AWS_ACCESS_KEY_ID": "AKIA7Q2W3E4R",
+               "AWS_SECRET_ACCESS_KEY": "aws-9z8y7x6w", "AWS_SESSION_TOKEN": "session-5t4r3e2w",
+               "OPENAI_API_KEY": "sk-openai-1a2b3c4d"}
+    result = run_cli("env", "--json", "--credentials-dir", str(creds), cwd=tmp_path,
+                     env={"OPENAI_API_KEY": secrets["OPENAI_API_KEY"]})
+    assert result.returncode == 0, result.stderr
+    for value in secrets.values():
+        assert value not in result.stdout and value not in result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"versions", "devices", "paths", "credentials"}
+    assert set(report["versions"]) == {"fastgen", "python", "torch", "wandb", "omegaconf", "hydra-core", "platform"}
+    assert report["versions"]["fastgen"] == fastgen.__version__
+    assert report["versions"]["torch"] == torch.__version__
+    assert report["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert report["devices"]["cuda"] in ("available", "not available")
+    paths = report["paths"]
+    assert {"working directory", ".env", "FASTGEN_OUTPUT_ROOT", "DATA_ROOT_DIR", "credentials_dir"} <= set(paths)
+    assert "FASTGEN_DATA_ROOT" not in paths  # one name for the data root, the one .env.example documents
+    assert Path(paths["working directory"]) == tmp_path.resolve()
+    assert paths[".env"] == f"{(tmp_path / '.env').resolve()} (loaded)"
+    assert Path(paths["FASTGEN_OUTPUT_ROOT"]) == output_root.resolve()
+    assert Path(paths["credentials_dir"]) == creds.resolve()
+    credentials = report["credentials"]
+    assert set(secrets) <= set(credentials)
+    assert credentials["WANDB_API_KEY"] == f"set (from {creds / 'wandb_api.txt'})"
+    assert credentials["AWS_SECRET_ACCESS_KEY"] == f"set (from {creds / 's3.json'})"
+    assert credentials["AWS_SESSION_TOKEN"].startswith("set (") and credentials["OPENAI_API_KEY"].startswith("set (")
+    assert credentials["AWS_REGION"] == "not set"
 
 
 def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:

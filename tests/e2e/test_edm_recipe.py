@@ -12,7 +12,7 @@ import pytest
 from fastgen_testing import run_cli, write_cifar10_binary
 
 REPO = Path(__file__).resolve().parents[2]
-NET_PARAMS = "55,055,107"  # edm_unet_cifar10 with 10 classes (EDM's DDPM++ CIFAR-10 network: 55.7M)
+NET_PARAMS = "55,055,107"  # edm_unet_cifar10, 10 classes; EDM's DDPM++: 55,735,299 (tests/networks explains why)
 DISC_PARAMS = "590,849"
 # CPU-sized: a 16-channel, one-block U-Net of the same structure (levels 32/16/8, attention at 16x16), batch 4.
 TINY = ["trainer.max_iter=2", "trainer.logging_iter=1", "model.teacher_ckpt=null", "dataloader_train.batch_size=4",
@@ -22,7 +22,7 @@ TINY = ["trainer.max_iter=2", "trainer.logging_iter=1", "model.teacher_ckpt=null
 
 @pytest.fixture
 def data_root(tmp_path: Path) -> Path:
-    """``$FASTGEN_DATA_ROOT`` with ``cifar10/cifar-10-batches-bin``: 5 x 13 train records (65) + 13 test."""
+    """``$DATA_ROOT_DIR`` with ``cifar10/cifar-10-batches-bin``: 5 x 13 train records (65) + 13 test."""
     root = tmp_path / "data"
     write_cifar10_binary(root / "cifar10" / "cifar-10-batches-bin", per_file=13, seed=5)
     return root
@@ -43,11 +43,11 @@ def _plan_rows(stdout: str) -> dict[str, str]:
 
 def test_dryrun_needs_no_data_and_prints_the_parameter_counts(output_root: Path, tmp_path: Path) -> None:
     absent = tmp_path / "no_data_here"
-    result = run_cli("dryrun", "--config", "EDM/config_dmd2_fast", cwd=tmp_path, env={"FASTGEN_DATA_ROOT": str(absent)})
+    result = run_cli("dryrun", "--config", "EDM/config_dmd2_fast", cwd=tmp_path, env={"DATA_ROOT_DIR": str(absent)})
     assert result.returncode == 0, result.stderr
     assert _plan_rows(result.stdout) == {"net": NET_PARAMS, "ema": NET_PARAMS, "teacher": NET_PARAMS,
                                          "fake_score": NET_PARAMS, "discriminator": DISC_PARAMS}
-    assert str(absent / "cifar10") in result.stdout  # the data path, from FASTGEN_DATA_ROOT
+    assert str(absent / "cifar10") in result.stdout  # the data path, from DATA_ROOT_DIR
     assert str(absent / "cifar10" / "edm_teacher.pth") in result.stdout
     assert not absent.exists() and _files_under(output_root) == []
 
@@ -56,7 +56,7 @@ def _train_py(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """The seed's ``python train.py ...`` from the repository root, without data (dryrun needs none)."""
     import os
 
-    env = {**os.environ, "FASTGEN_DATA_ROOT": str(tmp_path / "absent")}
+    env = {**os.environ, "DATA_ROOT_DIR": str(tmp_path / "absent")}
     return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=180, env=env)
 
@@ -104,7 +104,7 @@ def test_recipe_trains_on_a_small_cifar_directory(output_root: Path, tmp_path: P
     extra = [] if gan else ["model.gan_loss_weight_gen=0."]
     name = "gan" if gan else "nogan"
     result = run_cli("train", "--config=EDM/config_dmd2_fast", "-", *TINY, *extra, f"log_config.name={name}",
-                     cwd=tmp_path, env={"FASTGEN_DATA_ROOT": str(data_root)})
+                     cwd=tmp_path, env={"DATA_ROOT_DIR": str(data_root)})
     assert result.returncode == 0, result.stderr
     assert "randomly initialised teacher" in result.stderr
     assert "iteration 1/2" in result.stderr and "iteration 2/2" in result.stderr
@@ -128,7 +128,7 @@ def test_teacher_recipe_trains_on_a_small_cifar_directory(output_root: Path, tmp
                      "trainer.validation_iter=2", "trainer.max_val_iter=1", "model.net.backbone.model_channels=16",
                      "model.net.backbone.num_blocks=1", "trainer.callbacks.wandb.num_samples=2",
                      "model.sample_steps=2", "log_config.name=teacher",
-                     cwd=tmp_path, env={"FASTGEN_DATA_ROOT": str(data_root)})
+                     cwd=tmp_path, env={"DATA_ROOT_DIR": str(data_root)})
     assert result.returncode == 0, result.stderr
     assert "validation at iteration 2" in result.stderr
     assert (output_root / "fastgen" / "cifar10" / "teacher" / "checkpoints" / "0000002.pth").is_file()
@@ -137,7 +137,7 @@ def test_teacher_recipe_trains_on_a_small_cifar_directory(output_root: Path, tmp
 def test_missing_data_is_one_line_exit_2(output_root: Path, tmp_path: Path) -> None:
     absent = tmp_path / "empty_root"
     result = run_cli("train", "--config=EDM/config_dmd2_fast", "-", *TINY, cwd=tmp_path,
-                     env={"FASTGEN_DATA_ROOT": str(absent)})
+                     env={"DATA_ROOT_DIR": str(absent)})
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in result.stderr
@@ -151,7 +151,7 @@ def test_unmodified_network_trains_one_iteration(output_root: Path, tmp_path: Pa
     Measured ~34 s on the 2-core CPU machine (most of it building the networks and writing the 1.3 GB checkpoint)."""
     result = run_cli("train", "--config=EDM/config_dmd2_fast", "-", "trainer.max_iter=1", "model.teacher_ckpt=null",
                      "dataloader_train.batch_size=2", "trainer.callbacks.wandb.num_samples=2", "log_config.name=full",
-                     cwd=tmp_path, env={"FASTGEN_DATA_ROOT": str(data_root)})
+                     cwd=tmp_path, env={"DATA_ROOT_DIR": str(data_root)})
     assert result.returncode == 0, result.stderr
     assert "iteration 1/1" in result.stderr
     assert (output_root / "fastgen" / "cifar10" / "full" / "checkpoints" / "0000001.pth").is_file()

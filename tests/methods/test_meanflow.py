@@ -7,6 +7,10 @@ import pytest
 import torch
 from toy_distill import build, has_grad, report, small_toy_mlp, tiny, toy_energy, toy_run_config, train
 
+from omegaconf import DictConfig
+
+from fastgen.configs.callbacks import EMA_POWER_CALLBACK, GradClip_CALLBACK
+from fastgen.configs.config import BaseConfig
 from fastgen.configs.config_utils import load_config
 from fastgen.configs.instantiate import instantiate
 from fastgen.configs.methods.config_meanflow import create_config
@@ -117,18 +121,36 @@ def test_recipes_build(recipe: str) -> None:
         assert torch.isfinite(loss_dict["total_loss"]) and model.tangents.mode == "auto"
 
 
-@pytest.mark.slow
-def test_training_from_data_improves_one_step_samples() -> None:
-    """1,200 iterations: at 800 the energy distance fell below 0.6x of its starting value on one machine but
-    only to 0.65x on another (different arithmetic paths), too near the bound; at 1,200 it is 0.43x there."""
+def meanflow_config(seed: int = 0) -> BaseConfig:
+    """MeanFlow from data (no teacher) on a 128-wide, 2-layer network: 1,200 iterations, a power EMA."""
     config = toy_run_config(create_config(), "meanflow", max_iter=1200)
     config.model.net = mf_net(hidden_dim=128, num_layers=2)
     config.model.ratio_r_neq_t = 0.75
     config.model.net_optimizer.lr = 2e-3
+    config.model.use_ema = True
+    config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **EMA_POWER_CALLBACK})
+    config.trainer.seed = seed
+    return config
+
+
+@pytest.mark.slow
+def test_training_from_data_improves_one_step_samples(toy_teacher_energy: float) -> None:
+    """The 1-step samples of the EMA network after 1,200 iterations. The raw network's last iterate is too noisy
+    to bound: its energy distance over seeds 0-5 (``tests/methods/measure_toy_quality.py``) was 0.0151 0.0411
+    0.0233 0.0286 0.0243 0.0224, up to 0.61x its starting value 0.0672 (and 0.99x at seed 4 after 1,600
+    iterations); the power EMA's was 0.0166 0.0242 0.0230 0.0188 0.0209 0.0256, at most 0.38x - so the bound 0.6x
+    holds with margin.
+
+    MeanFlow learns from data, without a teacher; the toy SFT teacher (same data, EMA, 18 Heun steps; 0.0021 -
+    0.0046 over the same seeds, 0.0021 at seed 0) is the diffusion-model quality it is measured against. Worst
+    student over best teacher: 0.0256 / 0.0021 = 12.1 -> bound 16x (1.25x that, so that the teacher's and the
+    student's random streams may change independently)."""
+    config = meanflow_config()
     before = toy_energy(build(config))  # u = 0 at initialisation: the 1-step sample is the noise itself
     model = train(config)
-    after = toy_energy(model)
-    report("MeanFlow (data, 1 step)", before, after)
+    after = toy_energy(model, net=model.ema_nets["ema"])
+    report("MeanFlow (data, 1 step, EMA)", before, after)
     assert after < 0.6 * before
+    assert after < 16.0 * toy_teacher_energy
     samples, _ = draw_samples(model, 64, seed=0, steps=2)
     assert samples.shape == (64, 2)

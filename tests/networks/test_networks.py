@@ -173,3 +173,64 @@ def test_features_only_falls_back_to_the_full_forward_for_other_backbones() -> N
     x, t = torch.randn(3, 2), torch.ones(3)
     (feature,) = net(x, t, feature_indices=[0], features_only=True)
     torch.testing.assert_close(feature, net(x, t, feature_indices=[0])[1][0])
+
+
+def _count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_edm_cifar10_unet_parameter_count_differs_from_edm_ddpmpp_by_four_known_design_choices() -> None:
+    """``edm_unet_cifar10`` has 55,055,107 parameters; the DDPM++ network EDM trains on CIFAR-10 (``SongUNet`` of
+    NVlabs/edm ``training/networks.py`` with ``model_channels=128, channel_mult=[2,2,2], num_blocks=4,
+    attn_resolutions=[16]``, 10 labels, ``augment_dim=9``) has 55,735,299 - the paper's "55.7M". The network is
+    not changed to match (the shipped digits teacher uses the same ``UNet``); the 680,192 difference is exactly:
+
+    1. EDM resamples with residual blocks (``UNetBlock(256, 256, down/up=True)`` with a 1x1 projection on the
+       skip path, ``resample_proj=True``), two down and two up; ours with parameter-free ``AvgPool2d`` /
+       ``Upsample``. Each such block is ours-``ResBlock(256, 256)`` (1,443,840) minus the AdaGN scale half of its
+       embedding layer (131,328) plus the 1x1 skip (256*256 + 256 = 65,792) = 1,378,304; x4 = **-5,513,216**.
+    2. Our 29 residual blocks (12 encoder, 2 middle, 15 decoder; all 256 channels out) use scale-and-shift
+       conditioning (AdaGN: ``Linear(512, 2 * 256)``), EDM's DDPM++ a shift only (``adaptive_scale=False``:
+       ``Linear(512, 256)``): 29 x (512 * 256 + 256) = **+3,808,512**.
+    3. Our decoder puts self-attention after each of the 5 units at 16x16, EDM's only after the last one:
+       4 extra x (GroupNorm 512 + qkv 256*768 + 768 + proj 256*256 + 256 = 263,680) = **+1,054,720**.
+    4. Embeddings: ours Fourier(64) -> Linear(64, 512) -> Linear(512, 512) plus a bias-free Linear(10, 512) for
+       labels = 33,280 + 262,656 + 5,120 = 301,056; EDM's positional(128) -> Linear(128, 512) -> Linear(512, 512)
+       with Linear(10, 128) for labels and a bias-free Linear(9, 128) for augmentation labels = 66,048 + 262,656
+       + 1,408 + 1,152 = 331,264: **-30,208**.
+
+    -5,513,216 + 3,808,512 + 1,054,720 - 30,208 = -680,192 = 55,055,107 - 55,735,299 (-1.22%). Each term is read
+    off the real modules below, so a change to the network shows up as a broken identity, not a silent drift.
+    """
+    from fastgen.configs.instantiate import instantiate
+    from fastgen.configs.net import edm_unet_cifar10
+    from fastgen.networks.unet import ResBlock, SelfAttention
+
+    with torch.device("meta"):
+        unet = instantiate(edm_unet_cifar10()).backbone
+    ours = _count(unet)
+    assert ours == 55_055_107
+
+    blocks = [m for m in unet.modules() if isinstance(m, ResBlock)]
+    assert len(blocks) == 29 and all(b.emb.out_features == 2 * 256 and b.emb.in_features == 512 for b in blocks)
+    adagn_scale_half = sum(b.emb.out_features // 2 * (b.emb.in_features + 1) for b in blocks)
+    assert adagn_scale_half == 3_808_512
+
+    attention = [m for m in unet.modules() if isinstance(m, SelfAttention)]
+    decoder_attention = [m for m in unet.up.modules() if isinstance(m, SelfAttention)]
+    assert len(attention) == 10 and len(decoder_attention) == 5  # EDM: 4 encoder + 1 middle + 1 decoder = 6
+    extra_attention = 4 * _count(decoder_attention[0])
+    assert extra_attention == 1_054_720
+
+    assert all(_count(m) == 0 for m in unet.modules() if isinstance(m, (nn.AvgPool2d, nn.Upsample)))
+    same_width = next(b for b in blocks if b.conv1.in_channels == b.conv1.out_channels == 256)
+    edm_resample_block = _count(same_width) - (256 * 512 + 256) + (256 * 256 + 256)
+    assert edm_resample_block == 1_378_304
+    resample_blocks = 4 * edm_resample_block
+
+    our_embedding = _count(unet.embed)
+    edm_embedding = (128 * 512 + 512) + (512 * 512 + 512) + (10 * 128 + 128) + 9 * 128
+    assert (our_embedding, edm_embedding) == (301_056, 331_264)
+
+    edm_ddpmpp = ours + resample_blocks - adagn_scale_half - extra_attention - our_embedding + edm_embedding
+    assert edm_ddpmpp == 55_735_299 and round(edm_ddpmpp / 1e6, 1) == 55.7

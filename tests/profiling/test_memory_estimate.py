@@ -61,7 +61,53 @@ def test_fsdp_shards_the_estimate_over_ranks() -> None:
 
 def test_an_optimizer_that_cannot_step_on_meta_falls_back_to_the_rule() -> None:
     config = tiny_toy_config()
-    config.model.net_optimizer = LazyCall("torch.optim.LBFGS")(lr=1.0)  # step() needs a closure: it cannot run here
+    config.model.net_optimizer = LazyCall("torch.optim.SparseAdam")(lr=1e-3)  # refuses the dense zero gradients
     estimate = estimate_memory(config)
-    assert estimate["method"].startswith("rule of thumb for LBFGS") and estimate["optimizer_state"] == 0
-    assert estimate["gradients"] == real_bytes(tiny_toy_config())["gradients"]
+    grads = real_bytes(tiny_toy_config())["gradients"]
+    assert estimate["method"] == "rule of thumb for SparseAdam (2 x parameters)"
+    assert estimate["gradients"] == grads and estimate["optimizer_state"] == 2 * grads
+
+
+def _tensor_bytes(node: object) -> int:
+    if isinstance(node, torch.Tensor):
+        return node.numel() * node.element_size()
+    if isinstance(node, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in node)
+    return 0
+
+
+@pytest.mark.parametrize("history_size", [3, 100])
+def test_lbfgs_state_is_estimated_from_its_history(history_size: int) -> None:
+    """LBFGS cannot step on the meta device (its step needs a closure), but its state is known: at a full history
+    ``2 * history_size + 2`` flat copies of the parameters (``d``, ``prev_flat_grad``, ``old_dirs``, ``old_stps``)
+    and ``2 * history_size + 1`` scalars (``ro``, ``al``, ``H_diag``). Checked against a real LBFGS run on the same
+    network once its history has filled."""
+    config = tiny_toy_config()
+    config.model.net_optimizer = LazyCall("torch.optim.LBFGS")(lr=1.0, history_size=history_size)
+    estimate = estimate_memory(config)
+    assert estimate["method"] == f"LBFGS's state at a full history of {history_size} pairs"
+    param_bytes = real_bytes(tiny_toy_config())["gradients"]
+    assert estimate["optimizer_state"] == (2 * history_size + 2) * param_bytes + (2 * history_size + 1) * 4
+
+    torch.manual_seed(0)
+    model = instantiate(config.model_class, config=config.model)
+    model.init_optimizers()
+    optimizer = model.optimizer_dict["net"]
+    x0 = torch.randn(256, 2)
+    sigma = torch.full((256,), 0.5)
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = (model.net(x0 + sigma[:, None] * torch.randn(256, 2, generator=torch.Generator().manual_seed(1)),
+                          sigma, fwd_pred_type="x0") - x0).square().mean()
+        loss.backward()
+        return loss
+
+    state = optimizer.state[optimizer.param_groups[0]["params"][0]]
+    for _ in range(50):
+        optimizer.step(closure)
+        if len(state.get("old_dirs", [])) == history_size:
+            break
+    assert len(state["old_dirs"]) == history_size, "the history did not fill"
+    real = sum(_tensor_bytes(v) for s in optimizer.state.values() for v in s.values())
+    assert estimate["optimizer_state"] == real

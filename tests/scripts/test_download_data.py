@@ -109,7 +109,7 @@ def md5(data: bytes) -> str:
 def run_script(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     import os
 
-    full_env = {k: v for k, v in os.environ.items() if k != "FASTGEN_DATA_ROOT"}
+    full_env = {k: v for k, v in os.environ.items() if k != "DATA_ROOT_DIR"}
     full_env.update(env or {})
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=120)
@@ -149,12 +149,12 @@ def test_data_root_from_the_environment_and_keep_archive(server: Server, tmp_pat
     server.files["/c.tar.gz"] = body
     root = tmp_path / "from_env"
     result = run_script("cifar10", "--url", server.url + "/c.tar.gz", "--md5", md5(body), "--keep-archive",
-                        cwd=tmp_path, env={"FASTGEN_DATA_ROOT": str(root)})
+                        cwd=tmp_path, env={"DATA_ROOT_DIR": str(root)})
     assert result.returncode == 0, result.stderr
     assert leftovers(root / "cifar10") == ["cifar-10-batches-bin", "cifar-10-binary.tar.gz"]
     # --force with the archive present re-extracts from it without downloading.
     forced = run_script("cifar10", "--url", server.url + "/c.tar.gz", "--md5", md5(body), "--force",
-                        cwd=tmp_path, env={"FASTGEN_DATA_ROOT": str(root)})
+                        cwd=tmp_path, env={"DATA_ROOT_DIR": str(root)})
     assert forced.returncode == 0, forced.stderr
     assert "using the verified archive" in forced.stderr and len(server.requests) == 1
     assert len(CIFAR10Dataset(str(root / "cifar10"))) == 5 * PER_FILE

@@ -8,20 +8,20 @@ the student generates in one step from ``sigma_max = 80``. The GAN branch is on:
 score's 8x8 bottleneck (another 590,849 parameters), trained on real CIFAR-10 images; ``model.gan_loss_weight_gen=0.``
 turns it off (no discriminator is built).
 
-Teacher: ``model.teacher_ckpt`` is ``$FASTGEN_DATA_ROOT/cifar10/edm_teacher.pth`` (``FASTGEN_DATA_ROOT`` defaults
+Teacher: ``model.teacher_ckpt`` is ``$DATA_ROOT_DIR/cifar10/edm_teacher.pth`` (``DATA_ROOT_DIR`` defaults
 to ``./data``; it is read when the config is created, so ``config.yaml`` keeps the resolved path). Produce it by
 training the matching teacher recipe and exporting its EMA network::
 
     fastgen train --config EDM/config_sft_cifar10
     python scripts/export_teacher.py \\
         FASTGEN_OUTPUT/fastgen/cifar10/config_sft_cifar10/checkpoints/0390625.pth \\
-        --out "${FASTGEN_DATA_ROOT:-./data}/cifar10/edm_teacher.pth"
+        --out "${DATA_ROOT_DIR:-./data}/cifar10/edm_teacher.pth"
 
 (``model.teacher_ckpt`` may also point straight at a fastgen checkpoint: its first EMA network is used.) Any
 teacher with this architecture and EDM preconditioning works. ``model.teacher_ckpt=null`` distills a randomly
 initialised teacher - only useful to test the pipeline; the method warns.
 
-Data: the CIFAR-10 training set from ``$FASTGEN_DATA_ROOT/cifar10`` - run ``python scripts/download_data.py
+Data: the CIFAR-10 training set from ``$DATA_ROOT_DIR/cifar10`` - run ``python scripts/download_data.py
 cifar10`` first. Real images feed only the GAN branch.
 
 Hyper-parameters follow DMD2's pixel-space class-conditional recipe (ImageNet-64 with an EDM teacher, Yin et al.
@@ -47,7 +47,7 @@ from fastgen.configs.methods.config_dmd2 import create_config as dmd2_config
 
 
 def teacher_path() -> str:
-    """Where the recipe expects the teacher: ``$FASTGEN_DATA_ROOT/cifar10/edm_teacher.pth`` (not checked here)."""
+    """Where the recipe expects the teacher: ``$DATA_ROOT_DIR/cifar10/edm_teacher.pth`` (not checked here)."""
     return os.path.join(data_root(), "cifar10", "edm_teacher.pth")
 
 

@@ -1,0 +1,97 @@
+"""Callbacks that multi-rank tests add to real runs (importable by the workers: the tests folder is on their
+PYTHONPATH). They observe; they change nothing a run computes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastgen.callbacks.callback import Callback
+from fastgen.utils import distributed as dist_utils
+
+
+class LossLog(Callback):
+    """Rank 0 appends ``iteration mean-loss-over-ranks`` (full precision) to ``path`` after every step."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_training_step_end(self, model: Any, data_batch: dict, output_batch: dict, loss_dict: dict,
+                             iteration: int = 0) -> None:
+        value = dist_utils.all_reduce_mean(loss_dict["total_loss"].detach().double().clone())
+        if dist_utils.is_rank0():
+            with self.path.open("a") as handle:
+                handle.write(f"{iteration} {float(value)!r}\n")
+
+
+class StateBytes(Callback):
+    """Each rank writes ``<prefix>.rank<r>.json`` with what it holds (``fastgen.profiling.state_bytes``):
+    parameters and gradients just before the optimizer step of iteration ``at``, optimizer state just after."""
+
+    def __init__(self, prefix: str, at: int = 1) -> None:
+        self.prefix, self.at = prefix, at
+        self.measured: dict[str, int] = {}
+
+    def on_optimizer_step_begin(self, model: Any, iteration: int = 0) -> None:
+        if iteration == self.at:
+            from fastgen.profiling.state_bytes import state_bytes
+
+            self.measured = state_bytes(model)
+
+    def on_training_step_end(self, model: Any, data_batch: dict, output_batch: dict, loss_dict: dict,
+                             iteration: int = 0) -> None:
+        if iteration == self.at + 1:  # iteration counts completed steps here
+            from fastgen.profiling.state_bytes import state_bytes
+
+            self.measured["optimizer_state"] = state_bytes(model)["optimizer_state"]
+            Path(f"{self.prefix}.rank{dist_utils.get_rank()}.json").write_text(json.dumps(self.measured))
+
+
+class PidFile(Callback):
+    """Each rank writes its pid to ``<folder>/pid<rank>`` and sleeps ``pause_s`` after every step (so a test can
+    kill one rank mid-run)."""
+
+    def __init__(self, folder: str, pause_s: float = 0.2) -> None:
+        self.folder = Path(folder)
+        self.pause_s = pause_s
+
+    def on_training_step_end(self, model: Any, data_batch: dict, output_batch: dict, loss_dict: dict,
+                             iteration: int = 0) -> None:
+        (self.folder / f"pid{dist_utils.get_rank()}").write_text(str(os.getpid()))
+        time.sleep(self.pause_s)
+
+
+class FailOn(Callback):
+    """Raise ``ValueError`` on ``rank`` at ``iteration``."""
+
+    def __init__(self, rank: int = 1, iteration: int = 3) -> None:
+        self.rank, self.iteration = rank, iteration
+
+    def on_training_step_end(self, model: Any, data_batch: dict, output_batch: dict, loss_dict: dict,
+                             iteration: int = 0) -> None:
+        if iteration == self.iteration and dist_utils.get_rank() == self.rank:
+            raise ValueError(f"boom on rank {self.rank}")
+
+
+class PeakRSS(Callback):
+    """Each rank writes ``<prefix>.rank<r>.json``: its peak resident memory (``ru_maxrss``) once the model is built,
+    loaded and sharded (``on_model_init_end``), and the bytes of the method's full and local weights. Run with
+    ``MALLOC_MMAP_THRESHOLD_`` set low, so freed tensors go back to the system and the peak tracks live memory."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def on_model_init_end(self, model: Any) -> None:
+        import resource
+
+        from fastgen.profiling.state_bytes import state_bytes
+
+        full = sum(p.numel() * p.element_size() for p in [*model.parameters(), *model.buffers()])
+        record = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "full_weight_bytes": full, "local_weight_bytes": state_bytes(model)["parameters"]}
+        Path(f"{self.prefix}.rank{dist_utils.get_rank()}.json").write_text(json.dumps(record))
