@@ -533,7 +533,8 @@ class Trainer:
                     set_gradient_sync(model, self.stepping, final_round=accum_iter == rounds - 1)
                 data = _to_device(next(loader), device)
                 cb.on_training_accum_step_begin(model, data, iteration=iteration, accum_iter=accum_iter)
-                loss_dict, outputs = model.single_train_step(data, iteration)
+                with model.bind_batch(data, iteration, seed=cfg.seed):
+                    loss_dict, outputs = model.single_train_step(data, iteration)
                 cb.on_backward_begin(model, data, outputs, loss_dict, iteration=iteration, accum_iter=accum_iter)
                 loss = loss_dict["total_loss"]
                 (loss / rounds if rounds > 1 else loss).backward()
@@ -598,7 +599,8 @@ class Trainer:
             for _ in range(steps):
                 data = _to_device(next(self.dataloader_val), self.device)
                 cb.on_validation_step_begin(model, data, iteration=self.iteration)
-                loss_dict = model.validation_step(data, self.iteration)
+                with model.bind_batch(data, self.iteration, seed=self.config.trainer.seed, stream="val"):
+                    loss_dict = model.validation_step(data, self.iteration)
                 cb.on_validation_step_end(model, data, {}, loss_dict, iteration=self.iteration)
                 for key, value in loss_dict.items():
                     value = value.detach().float()

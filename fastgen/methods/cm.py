@@ -119,7 +119,7 @@ class CMModel(DistillationModel):
 
     def sample_batch_times(self, batch: int, device: torch.device) -> torch.Tensor:
         low, high = self.train_time_range()
-        return self.time_dist.sample(batch, device, low=low, high=high).to(self.precision)
+        return self.time_dist.sample(batch, device, low=low, high=high, generator=self.rng).to(self.precision)
 
     # ---- the step -----------------------------------------------------------------------------------------------
     def consistency_terms(self, x0: torch.Tensor, condition: torch.Tensor | None, t: torch.Tensor,
@@ -130,7 +130,7 @@ class CMModel(DistillationModel):
         ``replace_target(target, x_t)`` may overwrite (TCM's stage-1 boundary targets), and the student's
         ``pred = f(x_t, t)``; ``distance = d(pred - target)`` per sample."""
         r = self.r_of(t)
-        eps = torch.randn_like(x0)
+        eps = self.rng.randn_like(x0)
         x_t = self.noise_scheduler.add_noise(x0, eps, t)
         with torch.no_grad():
             x_r = self.earlier_state(x0, eps, x_t, t, r, condition)

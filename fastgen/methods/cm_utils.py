@@ -33,6 +33,7 @@ from fastgen.networks.noise_schedules import (
     expand_like,
 )
 from fastgen.utils.errors import ConfigError
+from fastgen.utils.keyed_rng import RandomSource, rand, randn
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -139,13 +140,14 @@ class TimeDistribution:
         return torch.atan(a.exp() / self.sigma_data)
 
     def sample(self, n: int, device: torch.device | str = "cpu", low: float | None = None,
-               high: float | None = None) -> torch.Tensor:
+               high: float | None = None, generator: RandomSource = None) -> torch.Tensor:
+        """``n`` times from ``generator`` (a training step's keyed stream; None: torch's global generator)."""
         if low is None and high is None:
-            return self._from_normal(torch.randn(n, device=device))
+            return self._from_normal(randn(n, device=device, generator=generator))
         cdf = lambda t: 0.5 * (1.0 + math.erf(self._to_normal(t) / math.sqrt(2.0)))  # noqa: E731
         u_lo = cdf(low) if low is not None else 0.0
         u_hi = cdf(high) if high is not None else 1.0
-        u = u_lo + (u_hi - u_lo) * torch.rand(n, device=device, dtype=torch.float64)
+        u = u_lo + (u_hi - u_lo) * rand(n, device=device, dtype=torch.float64, generator=generator)
         z = torch.special.ndtri(u.clamp(1e-12, 1 - 1e-12)).float()
         t = self._from_normal(z)
         if low is not None or high is not None:

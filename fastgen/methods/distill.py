@@ -31,6 +31,7 @@ from fastgen.configs.instantiate import instantiate
 from fastgen.methods.model import FastGenModel
 from fastgen.networks.layers import as_one_hot
 from fastgen.utils.errors import CheckpointError, UsageError
+from fastgen.utils.keyed_rng import RandomSource, as_noise_source
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -166,9 +167,9 @@ class DistillationModel(FastGenModel):
             grid = self._noise_grid
             if grid is None or grid.device != torch.device(device):
                 grid = self._noise_grid = scheduler.sampling_times(1000, device=device)[:-1]
-            t = grid[torch.randint(grid.numel(), (batch,), device=device)]
+            t = grid[self.rng.randint(grid.numel(), (batch,), device=device)]
         elif dist == "train":
-            t = scheduler.sample_t(batch, device=device)
+            t = scheduler.sample_t(batch, device=device, generator=self.rng)
         else:
             raise ValueError(f"unknown noise-level distribution {dist!r} (use 'sampling' or 'train')")
         low = t_min if t_min is not None else max(scheduler.t_min, 1e-4)
@@ -184,13 +185,16 @@ class DistillationModel(FastGenModel):
         return [float(t) for t in times]
 
     def sample_noise(self, batch: int, like: torch.Tensor) -> torch.Tensor:
-        """``batch`` prior samples ``x_{t_max}`` in the model's dtype, on ``like``'s device (training stream)."""
+        """``batch`` prior samples ``x_{t_max}`` in the model's dtype, on ``like``'s device (the step's stream)."""
         shape = (batch, *self.config.input_shape)
-        return self.noise_scheduler.prior_sample(shape, device=like.device, dtype=self.precision)
+        return self.noise_scheduler.prior_sample(shape, device=like.device, dtype=self.precision, generator=self.rng)
 
     def generate(self, net: nn.Module, noise: torch.Tensor, condition: torch.Tensor | None,
-                 times: list[float] | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Few-step sampling from ``noise`` (= ``x_{t_max}``); gradients flow when called with grad enabled."""
+                 times: list[float] | None = None, generator: RandomSource = None) -> torch.Tensor:
+        """Few-step sampling from ``noise`` (= ``x_{t_max}``); gradients flow when called with grad enabled. The
+        fresh noise of multistep sampling comes from ``generator``: a ``torch.Generator`` (drawn on the CPU, so
+        samples do not depend on the device), None (torch's global generator) or a training step's keyed stream
+        (``self.rng``; training callers pass it)."""
         times = times or self.student_times()
         scheduler = self.noise_scheduler
         batch = noise.shape[0]
@@ -201,8 +205,10 @@ class DistillationModel(FastGenModel):
             x0 = net(x, t_vec, condition=condition, fwd_pred_type="x0")
             if i + 1 < len(times):
                 t_next = torch.full((batch,), times[i + 1], device=x.device, dtype=x.dtype)
-                eps = torch.randn(x0.shape, generator=generator, device="cpu" if generator is not None else x0.device,
-                                  dtype=x0.dtype).to(x0.device)
+                if isinstance(generator, torch.Generator):
+                    eps = torch.randn(x0.shape, generator=generator, device="cpu", dtype=x0.dtype).to(x0.device)
+                else:
+                    eps = as_noise_source(generator).randn_like(x0)
                 x = scheduler.add_noise(x0, eps, t_next)
         return x0
 

@@ -160,13 +160,13 @@ class DMD2Model(DistillationModel):
         times = self.student_times()
         if len(times) == 1:
             return self.generate(self.net, noise, condition, times)
-        k = int(torch.randint(len(times), ()).item())
+        k = int(self.rng.shared.randint(len(times), ()).item())  # one choice per step, the same on every rank
         if k == 0:
             return self.generate(self.net, noise, condition, times[:1])
         with torch.no_grad():
-            x0 = self.generate(self.net, noise, condition, times[:k])
+            x0 = self.generate(self.net, noise, condition, times[:k], generator=self.rng)
             t_k = torch.full((noise.shape[0],), times[k], device=noise.device, dtype=noise.dtype)
-            x_t = self.noise_scheduler.add_noise(x0, torch.randn_like(x0), t_k)
+            x_t = self.noise_scheduler.add_noise(x0, self.rng.randn_like(x0), t_k)
         return self.net(x_t, t_k, condition=condition, fwd_pred_type="x0")
 
     def sample_vsd_t(self, batch: int, device: torch.device) -> torch.Tensor:
@@ -198,11 +198,14 @@ class DMD2Model(DistillationModel):
         return self._pairs
 
     def regression_loss(self, batch: int, device: torch.device) -> torch.Tensor:
-        """``mean ||G(z) - ODE(z)||^2`` over ``regression_batch_size`` (default ``batch``) random pairs."""
+        """``mean ||G(z) - ODE(z)||^2`` over ``regression_batch_size`` (default ``batch``) random pairs. Pair
+        slot ``j`` is drawn by the batch's sample ``j % batch`` (``rng.rows``), so with the default size the pairs
+        a step regresses do not depend on how the batch is split over ranks."""
         noise, labels, target = self.regression_pairs(device)
         size = min(self.config.regression_batch_size or batch, noise.shape[0])
-        index = torch.randint(noise.shape[0], (size,), device=device)
-        x = self.generate(self.net, noise[index], None if labels is None else labels[index])
+        rng = self.rng.rows(size)
+        index = rng.randint(noise.shape[0], (size,), device=device)
+        x = self.generate(self.net, noise[index], None if labels is None else labels[index], generator=rng)
         return F.mse_loss(x.float(), target[index].float())
 
     def feature_network(self) -> nn.Module:
@@ -257,7 +260,7 @@ class DMD2Model(DistillationModel):
         cond_rep = self.repeat(condition, draws)
         t = per_group(lambda n: self.sample_vsd_t(n, x.device), self.gan_groups(cond_rep, x_rep.shape[0], x.device, draws),
                       x_rep.shape[0])  # per group: f-distill's weights read the discriminator at these levels
-        x_t = self.noise_scheduler.add_noise(x_rep, torch.randn_like(x_rep), t)
+        x_t = self.noise_scheduler.add_noise(x_rep, self.rng.randn_like(x_rep), t)  # row k B + i: sample i, copy k
         return x_rep, cond_rep, t, x_t
 
     def distribution_matching_loss(self, x: torch.Tensor, condition: torch.Tensor | None
@@ -284,7 +287,7 @@ class DMD2Model(DistillationModel):
             # The generator's GAN term sees x noised afresh, with gradients through the frozen critic into x.
             t_gan = per_group(lambda n: self.sample_vsd_t(n, x.device), self.gan_groups(condition, x.shape[0], x.device),
                               x.shape[0])
-            x_t_gan = self.noise_scheduler.add_noise(x, torch.randn_like(x), t_gan)
+            x_t_gan = self.noise_scheduler.add_noise(x, self.rng.randn_like(x), t_gan)
             with frozen(self.fake_score, self.discriminator):
                 gen = F.softplus(-self.discriminate(x_t_gan, t_gan, condition)).mean()
             total = total + self.config.gan_loss_weight_gen * gen
@@ -302,8 +305,9 @@ class DMD2Model(DistillationModel):
             x = self.generate_for_training(noise, condition)
         scheduler = self.noise_scheduler
         groups = self.gan_groups(condition, x.shape[0], x.device)
-        t = per_group(lambda n: scheduler.sample_t(n, device=x.device), groups, x.shape[0]).to(self.precision)
-        eps = torch.randn_like(x)
+        t = per_group(lambda n: scheduler.sample_t(n, device=x.device, generator=self.rng), groups,
+                      x.shape[0]).to(self.precision)
+        eps = self.rng.randn_like(x)
         x_t = scheduler.add_noise(x, eps, t)
         shared = self.use_gan and self.config.discriminator_features == "fake_score"
         if shared:  # one pass gives the denoiser output and the head's features
@@ -318,7 +322,7 @@ class DMD2Model(DistillationModel):
         loss_dict: dict[str, torch.Tensor] = {"fake_score_loss": fake_loss.detach()}
         if self.use_gan:
             assert self.discriminator is not None
-            real_t = scheduler.add_noise(real, torch.randn_like(real), t)
+            real_t = scheduler.add_noise(real, self.rng.randn_like(real), t)
             r1_on = self.config.r1_weight > 0 and torch.is_grad_enabled()
             exact_r1 = r1_on and self.config.r1_estimator == "exact"
             fd_r1 = r1_on and not exact_r1
@@ -326,7 +330,7 @@ class DMD2Model(DistillationModel):
                 real_t = real_t.detach().requires_grad_(True)
             judged = [real_t]  # the real samples and, for the finite-difference R1, their perturbed copies
             if fd_r1:
-                judged.append(real_t + self.config.r1_fd_sigma * torch.randn_like(real_t))
+                judged.append(real_t + self.config.r1_fd_sigma * self.rng.randn_like(real_t))
             if shared:
                 d_fake = self.discriminator(features, groups).float()
                 d_judged = self.discriminate(torch.cat(judged), t.repeat(len(judged)), self.repeat(condition, len(judged)),

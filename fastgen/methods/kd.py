@@ -40,6 +40,7 @@ from fastgen.methods.cm_utils import consistency_distance, teacher_velocity
 from fastgen.methods.distill import DistillationModel
 from fastgen.utils import distributed as dist_utils
 from fastgen.utils.errors import ConfigError
+from fastgen.utils.keyed_rng import RandomSource
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -100,7 +101,7 @@ class KDModel(DistillationModel):
         return a.to(like.dtype).to(like.device), b.to(like.dtype).to(like.device)
 
     def generate(self, net: nn.Module, noise: torch.Tensor, condition: torch.Tensor | None,
-                 times: list[float] | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+                 times: list[float] | None = None, generator: RandomSource = None) -> torch.Tensor:
         """Deterministic few-step sampling: ``x0_i = G(x_{t_i}, t_i)`` and a DDIM step to ``t_{i+1}``."""
         times = times or self.student_times()
         x = self.start_state(noise, times[0])

@@ -72,8 +72,8 @@ class LADDModel(DistillationModel):
         t = per_group(lambda n: self.sample_noise_levels(n, real.device, self.config.t_dist),
                       self.gan_groups(condition, real.shape[0], real.device), real.shape[0])
         if iteration % self.config.student_update_freq == 0:
-            x = self.generate(self.net, noise, condition)
-            x_t = scheduler.add_noise(x, torch.randn_like(x), t)
+            x = self.generate(self.net, noise, condition, generator=self.rng)
+            x_t = scheduler.add_noise(x, self.rng.randn_like(x), t)
             with frozen(self.discriminator):
                 gen = -self.discriminate(x_t, t, condition).mean()
             total = gen
@@ -87,9 +87,9 @@ class LADDModel(DistillationModel):
             loss_dict["total_loss"] = total
             return loss_dict, {"generated": x.detach(), "t": t}
         with torch.no_grad():
-            x = self.generate(self.net, noise, condition)
-        fake_t = scheduler.add_noise(x, torch.randn_like(x), t)
-        real_t = scheduler.add_noise(real, torch.randn_like(real), t)
+            x = self.generate(self.net, noise, condition, generator=self.rng)
+        fake_t = scheduler.add_noise(x, self.rng.randn_like(x), t)
+        real_t = scheduler.add_noise(real, self.rng.randn_like(real), t)
         d_fake = self.discriminate(fake_t, t, condition)
         d_real = self.discriminate(real_t, t, condition)
         disc = F.relu(1.0 - d_real).mean() + F.relu(1.0 + d_fake).mean()

@@ -43,6 +43,7 @@ from fastgen.methods.cm_utils import (
 from fastgen.methods.distill import DistillationModel
 from fastgen.networks.noise_schedules import RectifiedFlowScheduler, expand_like
 from fastgen.utils.errors import ConfigError
+from fastgen.utils.keyed_rng import RandomSource
 
 
 class MeanFlowModel(DistillationModel):
@@ -69,10 +70,10 @@ class MeanFlowModel(DistillationModel):
     # ---- pieces -------------------------------------------------------------------------------------------------
     def sample_t_r(self, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``t >= r`` from two logit-normal draws; ``r = t`` for a ``1 - ratio_r_neq_t`` share of the batch."""
-        a = self.time_dist.sample(batch, device)
-        b = self.time_dist.sample(batch, device)
+        a = self.time_dist.sample(batch, device, generator=self.rng)
+        b = self.time_dist.sample(batch, device, generator=self.rng)
         t, r = torch.maximum(a, b), torch.minimum(a, b)
-        equal = torch.rand(batch, device=device) >= self.config.ratio_r_neq_t
+        equal = self.rng.rand(batch, device=device) >= self.config.ratio_r_neq_t
         r = torch.where(equal, t, r)
         return t.to(self.precision), r.to(self.precision)
 
@@ -89,7 +90,7 @@ class MeanFlowModel(DistillationModel):
         x0 = data["real"].to(self.precision)
         condition = self.condition_of(data)
         t, r = self.sample_t_r(x0.shape[0], x0.device)
-        eps = torch.randn_like(x0)
+        eps = self.rng.randn_like(x0)
         z = self.noise_scheduler.add_noise(x0, eps, t)
         v = self.instantaneous_velocity(x0, eps, z, t, condition)
         u = self.net(z, t, condition=condition, r=r, fwd_pred_type="flow")
@@ -106,7 +107,7 @@ class MeanFlowModel(DistillationModel):
 
     # ---- sampling -----------------------------------------------------------------------------------------------
     def generate(self, net: nn.Module, noise: torch.Tensor, condition: torch.Tensor | None,
-                 times: list[float] | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+                 times: list[float] | None = None, generator: RandomSource = None) -> torch.Tensor:
         """``x_r = x_t - (t - r) u(x_t, r, t)`` over ``times`` (from ``t_max`` down; the final 0 is implied)."""
         times = [*(times or self.student_times()), 0.0]
         x = noise

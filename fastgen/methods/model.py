@@ -11,6 +11,9 @@ discriminators. The trainer only relies on this contract:
 * ``get_optimizers(iteration)`` - the names stepped this iteration (GAN-style methods alternate);
 * ``single_train_step(data, iteration) -> (loss_dict, outputs)`` with ``loss_dict["total_loss"]``;
 * ``validation_step(data, iteration) -> loss_dict`` (networks are in eval mode, gradients off);
+* ``bind_batch(data, iteration, seed, stream)`` - a context the trainer runs each of those two calls in: inside
+  it ``self.rng`` is the batch's keyed noise stream (``fastgen.utils.keyed_rng``), so every random number a step
+  draws is a function of the samples' global ids and not of the world size;
 * ``generator_fn(net, noise, steps, condition)`` and ``sample(...)`` - how samples are drawn.
 
 Optional: ``carry_state`` / ``propose_carry`` / ``take_carry_proposal`` - state carried from one iteration to
@@ -19,8 +22,9 @@ the next, committed only after a completed step by ``CarryCallback`` (see ``fast
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -31,6 +35,10 @@ from fastgen.networks.diffusion_net import DiffusionNet
 from fastgen.networks.layers import as_one_hot
 from fastgen.networks.noise_schedules import NoiseScheduler
 from fastgen.networks.sampling import heun_sample
+from fastgen.utils.keyed_rng import GLOBAL_NOISE, KeyedNoise, NoiseSource
+from fastgen.utils.logging import get_logger
+
+logger = get_logger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -121,6 +129,40 @@ class FastGenModel(nn.Module):
     def take_carry_proposal(self) -> dict[str, torch.Tensor] | None:
         """The pending proposal (``None`` if there is none), cleared."""
         return self.__dict__.pop("_carry_proposal", None)
+
+    # ---- the step's random numbers ----------------------------------------------------------------------------
+    _bound_noise: NoiseSource | None = None
+    _warned_unkeyed = False  # set on the class: one warning per process
+
+    @property
+    def rng(self) -> NoiseSource:
+        """Where a training or validation step draws every random number (``randn_like``, ``rand``, ``randint``,
+        ``rows(n)``, ``shared``): the bound batch's ``KeyedNoise``, or torch's global generator outside
+        ``bind_batch`` (unit tests that call ``single_train_step`` directly)."""
+        return self._bound_noise if self._bound_noise is not None else GLOBAL_NOISE
+
+    @contextlib.contextmanager
+    def bind_batch(self, data: Mapping[str, Any], iteration: int, seed: int, stream: str = "train"
+                   ) -> Iterator[NoiseSource]:
+        """Within the context, ``self.rng`` is ``KeyedNoise(seed, data["sample_ids"], iteration, stream)``: a draw
+        for sample ``i`` depends on ``(seed, stream, iteration, sample id, draw index)`` only. The stream (``train``
+        / ``val``) keeps validation noise apart from training noise; gradient-accumulation rounds are not part of
+        the key (their samples differ, and a per-step choice stays one choice per optimizer step). A batch without
+        ``sample_ids`` (a loader that gives none) falls back to torch's generator, with one warning."""
+        ids = data.get("sample_ids") if isinstance(data, Mapping) else None
+        if ids is None:
+            if not FastGenModel._warned_unkeyed:
+                FastGenModel._warned_unkeyed = True
+                logger.warning("the data loader gives no sample_ids: training noise comes from torch's generator, so "
+                               "the run depends on the world size (fastgen.datasets.loader.ResumableLoader adds them)")
+            noise: NoiseSource = GLOBAL_NOISE
+        else:
+            noise = KeyedNoise(seed, ids, iteration, stream)
+        previous, self._bound_noise = self._bound_noise, noise
+        try:
+            yield noise
+        finally:
+            self._bound_noise = previous
 
     # ---- training ------------------------------------------------------------------------------------------
     def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

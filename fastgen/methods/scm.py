@@ -144,8 +144,8 @@ class SCMModel(DistillationModel):
         x0 = data["real"].to(self.precision)
         condition = self.condition_of(data)
         low, high = self.time_range()
-        t = self.time_dist.sample(x0.shape[0], x0.device, low=low, high=high).to(self.precision)
-        z = torch.randn_like(x0) * self.sigma_data
+        t = self.time_dist.sample(x0.shape[0], x0.device, low=low, high=high, generator=self.rng).to(self.precision)
+        z = self.rng.randn_like(x0) * self.sigma_data
         cos_t, sin_t = expand_like(torch.cos(t), x0), expand_like(torch.sin(t), x0)
         x_t = cos_t * x0 + sin_t * z
         if self.config.mode == "ct":

@@ -27,13 +27,14 @@ class SFTModel(FastGenModel):
         x0 = data["real"].to(self.precision)
         condition = self.condition_of(data)
         dropout = float(getattr(self.config, "condition_dropout", 0.0))
+        rng = self.rng
         if condition is not None and dropout > 0:
             condition = as_one_hot(condition, self.num_classes)
-            keep = (torch.rand(condition.shape[0], 1, device=condition.device) >= dropout).to(condition.dtype)
+            keep = (rng.rand((condition.shape[0], 1), device=condition.device) >= dropout).to(condition.dtype)
             condition = condition * keep
         scheduler = self.noise_scheduler
-        t = scheduler.sample_t(x0.shape[0], device=x0.device).to(x0.dtype)
-        eps = torch.randn_like(x0)
+        t = scheduler.sample_t(x0.shape[0], device=x0.device, generator=rng).to(x0.dtype)
+        eps = rng.randn_like(x0)
         x_t = scheduler.add_noise(x0, eps, t)
         pred = self.net(x_t, t, condition=condition)
         target = scheduler.target(x0, eps, t)

@@ -38,6 +38,7 @@ from fastgen.methods.cm import CMModel
 from fastgen.methods.cm_utils import as_tensor_dict, batch_mask
 from fastgen.methods.distill import load_network_state, load_weights
 from fastgen.utils.errors import ConfigError
+from fastgen.utils.keyed_rng import RandomSource
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -123,7 +124,7 @@ class TCMModel(CMModel):
         x0 = data["real"].to(self.precision)
         condition = self.condition_of(data)
         batch = x0.shape[0]
-        boundary = torch.rand(batch, device=x0.device) < self.config.boundary_prob
+        boundary = self.rng.rand(batch, device=x0.device) < self.config.boundary_prob
         t = self.sample_batch_times(batch, x0.device)
         t = torch.where(boundary, torch.full_like(t, self.config.t_prime), t)
         stage1_net = self.stage1_net
@@ -150,7 +151,7 @@ class TCMModel(CMModel):
 
     # ---- sampling ------------------------------------------------------------------------------------------------
     def generate(self, net: nn.Module, noise: torch.Tensor, condition: torch.Tensor | None,
-                 times: list[float] | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+                 times: list[float] | None = None, generator: RandomSource = None) -> torch.Tensor:
         return super().generate(self.truncated(net), noise, condition, times, generator)
 
 

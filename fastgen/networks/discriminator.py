@@ -66,11 +66,17 @@ def minibatch_groups(batch: int, group: int, condition: torch.Tensor | None = No
 
 
 def per_group(draw: Callable[[int], torch.Tensor], groups: torch.Tensor | None, batch: int) -> torch.Tensor:
-    """``draw(n)`` values, one per group and shared by its samples (a noise level per minibatch-std group); with
-    ``groups=None`` one per sample."""
+    """One value per group, shared by its samples (a noise level per minibatch-std group): the value ``draw(batch)``
+    gives the group's first sample; with ``groups=None`` each sample's own. Drawing per sample and keeping the
+    first keeps the draw keyed by sample (``fastgen.utils.keyed_rng``: a per-sample draw needs the batch's rows)."""
+    values = draw(batch)
     if groups is None:
-        return draw(batch)
-    return draw(int(groups.max().item()) + 1)[groups]
+        return values
+    groups = groups.to(values.device)
+    order = torch.arange(batch, device=groups.device)
+    first = torch.full((int(groups.max().item()) + 1,), batch, device=groups.device, dtype=order.dtype)
+    first.scatter_reduce_(0, groups, order, reduce="amin")
+    return values[first][groups]
 
 
 def minibatch_std(feature: torch.Tensor, group: int | torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,9 @@ Lipman et al. 2023). From it, any of four prediction types determines the other 
   (Karras et al. 2022, Eq. 4 with ``s=1``; Lipman et al. 2023, Eq. 15). For rectified flow ``flow = eps - x0``.
 
 Conversion solves the 2x2 linear system ``[x_t, p] = M [x0, eps]`` (``convert``).
+
+Random draws (``sample_t``, ``prior_sample``) come from ``generator``: a ``torch.Generator``, ``None`` (torch's global
+generator) or a ``fastgen.utils.keyed_rng.NoiseSource`` - a training step passes its batch's keyed stream.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+
+from fastgen.utils.keyed_rng import RandomSource, randn
 
 PredType = Literal["x0", "eps", "v", "flow"]
 PRED_TYPES: tuple[str, ...] = ("x0", "eps", "v", "flow")
@@ -53,16 +58,16 @@ class NoiseScheduler:
         return expand_like(self.alpha(t), x0) * x0 + expand_like(self.sigma(t), x0) * eps
 
     # ---- training --------------------------------------------------------------------------------------
-    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: torch.Generator | None = None) -> torch.Tensor:
+    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: RandomSource = None) -> torch.Tensor:
         raise NotImplementedError
 
     def loss_weight(self, t: torch.Tensor) -> torch.Tensor:
         """Weight of the squared error on the *native* prediction at time ``t``."""
         return torch.ones_like(t)
 
-    def prior_sample(self, shape: tuple[int, ...], device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None) -> torch.Tensor:
+    def prior_sample(self, shape: tuple[int, ...], device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, generator: RandomSource = None) -> torch.Tensor:
         """A sample of ``x_{t_max}`` (noise at the start of sampling)."""
-        eps = torch.randn(shape, device=device, dtype=dtype, generator=generator)
+        eps = randn(shape, device=device, dtype=dtype, generator=generator)
         return eps * float(self.sigma(torch.tensor(self.t_max)))
 
     def sampling_times(self, steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -137,8 +142,8 @@ class EDMNoiseScheduler(NoiseScheduler):
     def d_sigma(self, t: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(t)
 
-    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: torch.Generator | None = None) -> torch.Tensor:
-        normal = torch.randn(n, device=device, generator=generator)
+    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: RandomSource = None) -> torch.Tensor:
+        normal = randn(n, device=device, generator=generator)
         return (normal * self.P_std + self.P_mean).exp()
 
     def loss_weight(self, t: torch.Tensor) -> torch.Tensor:
@@ -189,8 +194,8 @@ class RectifiedFlowScheduler(NoiseScheduler):
     def d_sigma(self, t: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(t)
 
-    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: torch.Generator | None = None) -> torch.Tensor:
-        normal = torch.randn(n, device=device, generator=generator)
+    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: RandomSource = None) -> torch.Tensor:
+        normal = randn(n, device=device, generator=generator)
         return torch.sigmoid(normal * self.logit_std + self.logit_mean) * self.t_max
 
     def sampling_times(self, steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -247,8 +252,8 @@ class TrigFlowScheduler(NoiseScheduler):
     def d_sigma(self, t: torch.Tensor) -> torch.Tensor:
         return self.sigma_data * torch.cos(t)
 
-    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: torch.Generator | None = None) -> torch.Tensor:
-        normal = torch.randn(n, device=device, generator=generator)
+    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: RandomSource = None) -> torch.Tensor:
+        normal = randn(n, device=device, generator=generator)
         return torch.atan((normal * self.P_std + self.P_mean).exp() / self.sigma_data)
 
     def loss_weight(self, t: torch.Tensor) -> torch.Tensor:

@@ -4,10 +4,13 @@ grid of digits that a classifier (standing in for a person) recognises, and prin
 beside the 35-evaluation teacher's.
 
 The distillation issue's goal is FD(student) <= FD(teacher). It is NOT met: at 5,000 samples the student scores
-0.97 against the teacher's 0.56 (README, "Quick start"). The bound below guards the measured level so that a
-regression fails; it is not the goal. Training is deterministic on a given machine (this run gives 0.967 here);
-the recipe's EMA student swings between 0.97 and 1.73 from checkpoint to checkpoint (README), so a CPU whose
-arithmetic takes a different path may land elsewhere in that range."""
+1.90 against the teacher's 0.56 (0.97 before keyed noise, as README "Quick start" records). The bound below guards the measured level so that a
+regression fails; it is not the goal. Training is deterministic on a given machine, but the recipe's EMA student
+swings between 0.97 and 1.73 from checkpoint to checkpoint (README) and as much from seed to seed. Measured at
+trainer.seed 0-4: 0.97, 1.09, 1.46, 1.47, 1.71 with training noise from torch's generator (before keyed noise);
+1.90, 1.25, 1.73, 1.29, 1.27 with the keyed noise training draws now (fastgen.utils.keyed_rng; this test's
+seed 0 gives 1.90); 1.76, 1.66, 1.42, 1.48, 1.65 with an earlier key layout of the same generator. The bound is
+1.25x the worst of those 15 runs (2.37, 4.25x the teacher's 0.56); it was 2x when one run at 0.97 was measured."""
 
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ def test_quickstart_distills_a_one_step_student_and_scores_it_beside_its_teacher
     evaluation = json.loads((run_dir / "evaluation.json").read_text())
     student, teacher = evaluation["results"]["student"], evaluation["results"]["teacher"]
     assert evaluation["num_samples"] == 5000 and evaluation["teacher_scores_cached"] is True
-    assert student["fd_digits"] <= 2.0 * teacher["fd_digits"], evaluation  # measured: 0.97 vs 0.56
+    assert student["fd_digits"] <= 4.25 * teacher["fd_digits"], evaluation  # measured: 1.90 vs 0.56 (docstring)
     assert student["accuracy"] >= 0.9, evaluation
 
     samples = _tiles_from_grid(grid)

@@ -98,10 +98,11 @@ def test_minibatch_std_over_group_ids_is_each_groups_mean_feature_std() -> None:
     assert torch.allclose(minibatch_std(feature[:6], torch.tensor([0, 0, 0, 1, 1, 1])), minibatch_std(feature[:6], 3))
 
 
-def test_per_group_draws_one_value_per_group() -> None:
+def test_per_group_gives_each_group_its_first_samples_value() -> None:
+    """One value per group, the one drawn for the group's first sample (per-sample draws stay keyed by sample)."""
     groups = torch.tensor([2, 0, 2, 1, 0])
     values = per_group(lambda n: torch.arange(n) * 10.0, groups, 5)
-    assert values.tolist() == [20.0, 0.0, 20.0, 10.0, 0.0]
+    assert values.tolist() == [0.0, 10.0, 0.0, 30.0, 10.0]
     assert per_group(lambda n: torch.arange(n) * 1.0, None, 3).tolist() == [0.0, 1.0, 2.0]
 
 
