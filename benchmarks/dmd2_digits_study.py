@@ -36,6 +36,7 @@ FIELDS = ("run", "iteration", "net", "seed", "num_samples", "steps", "fd_digits"
           "max_per_class", "seconds")
 REAL = "real digits"  # the run name of the finite-sample floor's rows
 TEACHER_STEPS = 18  # Heun: 2 * 18 - 1 = 35 network evaluations per sample (EDM's sampler, Karras et al. 2022)
+SEPARATOR = 110  # grey lines between the 8x8 images of the grid (white would merge with the strokes)
 
 
 # ------------------------------------------------------------------------------------------------------ score
@@ -217,8 +218,8 @@ def grid(args: argparse.Namespace) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.95), dpi=110)
     for ax, (title, samples) in zip(axes, panels):
         images = to_uint8(samples).numpy()[..., 0]  # (100, 8, 8); sample i has label i % 10
-        padded = np.pad(images.reshape(10, 10, 8, 8), ((0, 0), (0, 0), (1, 0), (1, 0)), constant_values=255)
-        mosaic = np.pad(padded.transpose(0, 2, 1, 3).reshape(90, 90), ((0, 1), (0, 1)), constant_values=255)
+        padded = np.pad(images.reshape(10, 10, 8, 8), ((0, 0), (0, 0), (1, 0), (1, 0)), constant_values=SEPARATOR)
+        mosaic = np.pad(padded.transpose(0, 2, 1, 3).reshape(90, 90), ((0, 1), (0, 1)), constant_values=SEPARATOR)
         ax.imshow(mosaic, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
         ax.set_title(title, fontsize=9)
         ax.set_xticks([1 + c * 9 + 3.5 for c in range(10)], [str(c) for c in range(10)], fontsize=7)
