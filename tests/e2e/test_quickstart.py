@@ -4,7 +4,7 @@ grid of digits that a classifier (standing in for a person) recognises, and prin
 beside the 35-evaluation teacher's.
 
 The distillation issue's goal is FD(student) <= FD(teacher). It is NOT met: at 5,000 samples the student scores
-1.90 against the teacher's 0.56 (0.97 before keyed noise, as README "Quick start" records). The bound below guards the measured level so that a
+1.90 against the teacher's 0.56 (0.97 before keyed noise: docs/experiments/dmd2-digits.md). The bound below guards the measured level so that a
 regression fails; it is not the goal. Training is deterministic on a given machine, but the recipe's EMA student
 swings between 0.97 and 1.73 from checkpoint to checkpoint (README) and as much from seed to seed. Measured at
 trainer.seed 0-4: 0.97, 1.09, 1.46, 1.47, 1.71 with training noise from torch's generator (before keyed noise);
