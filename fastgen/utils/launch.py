@@ -62,14 +62,22 @@ def launch(worker_args: list[str], launcher_args: list[str], nproc_per_node: int
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    # torch's agent warns at length (e.g. that it sets OMP_NUM_THREADS); fastgen sets the threads itself.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    logging.getLogger("torch.distributed.run").setLevel(logging.CRITICAL)
+    # torch's agent warns at length (e.g. that it sets OMP_NUM_THREADS; that it forwards a signal); fastgen sets
+    # the threads itself and reports failures in one line. Its modules set their own levels: quiet each of them.
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith(("torch.distributed.elastic",
+                                                                            "torch.distributed.run"))]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     os.environ[LAUNCHED_ENV] = "1"
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     args = get_args_parser().parse_args([*launcher_args, "-m", "fastgen", *worker_args])
     try:
         run(args)
+    except SignalException as exc:  # Ctrl-C / SIGTERM reached the agent, which passed it on to the workers
+        name = _signal_name(int(exc.sigval))
+        raise TrainingInterrupted(f"stopped by {name}: the workers finished their step and saved a checkpoint; run "
+                                  "the same command again to resume", int(exc.sigval)) from None
     except ChildFailedError as exc:
         message, code = describe_failure(exc.failures)
         if code > 128:

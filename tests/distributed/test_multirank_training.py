@@ -327,3 +327,27 @@ def test_cpu_offload_on_a_cpu_run_is_refused(output_root: Path, tmp_path: Path) 
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "trainer.fsdp_cpu_offload" in errors[0], result.stderr[-2000:]
     assert not (output_root / "fastgen").exists()  # found by the workers at start-up: nothing is left behind
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_the_launcher_stops_every_rank_after_a_checkpoint(output_root: Path, tmp_path: Path) -> None:
+    """SIGINT to the launcher (Ctrl-C) reaches torch's agent, which passes it to the workers once: they finish the
+    step, save a checkpoint and stop; the launcher ends with one line and 130, and the same command resumes."""
+    command = ["train", "--nproc-per-node", "2", *SFT, "trainer.ddp=True", "trainer.max_iter=400",
+               "trainer.save_ckpt_iter=1000", "dataloader_train.batch_size=32", "log_config.name=stopped",
+               f"+trainer.callbacks.pid={{_target_:rank_probes.PidFile,folder:{tmp_path}}}"]
+    job = Job([FASTGEN, *command], cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "pid1").exists():
+        assert job.process.poll() is None, job.wait(10).stderr[-3000:]
+        assert time.monotonic() < deadline, "the run never started training"
+        time.sleep(0.1)
+    job.process.send_signal(signal.SIGINT)
+    result = job.wait(timeout=90)
+    assert result.returncode == 130, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "stopped by SIGINT" in errors[0], result.stderr[-3000:]
+    saved = sorted((output_root / "fastgen" / "toy" / "stopped" / "checkpoints").glob("*.pth"))
+    assert saved, "no checkpoint was saved on the way out"
+    again = fastgen(*command[:-1], "trainer.max_iter=" + str(int(saved[-1].stem) + 2), cwd=tmp_path)
+    assert again.returncode == 0 and "resumed from" in again.stderr, again.stderr[-3000:]
