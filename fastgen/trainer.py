@@ -56,18 +56,16 @@ from fastgen.callbacks.callback import Callback, CallbackDict
 from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
 from fastgen.utils import distributed as dist_utils
-from fastgen.utils.checkpointer import FORMAT, Checkpointer, CorruptCheckpointError, load_checkpoint
-from fastgen.utils.errors import CheckpointError, ConfigError, TrainingInterrupted
-from fastgen.utils.logging import get_logger
-from fastgen.utils.parallelize import (
-    full_optimizer_state_dict,
-    parallelize,
-    full_state_dict,
-    load_full_optimizer_state_dict,
-    load_full_state_dict,
-    set_gradient_sync,
+from fastgen.utils.checkpoint_manager import (
+    CheckpointManager,
+    TrainingState,
+    restore_modules,
 )
-from fastgen.utils.rng import capture_rng_state, restore_rng_state, seed_everything
+from fastgen.utils.checkpointer import load_checkpoint
+from fastgen.utils.errors import ConfigError, TrainingInterrupted
+from fastgen.utils.logging import get_logger
+from fastgen.utils.parallelize import parallelize, set_gradient_sync
+from fastgen.utils.rng import seed_everything
 from fastgen.utils.schedules import warn_on_schedule_length_mismatches
 
 logger = get_logger(__name__)
@@ -153,8 +151,9 @@ class Trainer:
         self._skip_reason: str | None = None
         self._stop_signal: int | None = None
         self._scalars: dict[str, Any] = {}
-        self.checkpointer = Checkpointer(config.trainer.checkpointer.save_dir, self.run_dir,
-                                         config.trainer.checkpointer.keep_last_n)
+        self.checkpoints = CheckpointManager(config.trainer.checkpointer, self.run_dir,
+                                             sharded=bool(config.trainer.fsdp), seed=config.trainer.seed)
+        self.checkpointer = self.checkpoints.files  # naming and discovery (``path_for``, ``list``, ``latest``)
         self.callbacks = CallbackDict()
         for name, node in config.trainer.callbacks.items():
             try:
@@ -215,10 +214,10 @@ class Trainer:
             checkpoint_path, payload = self._load_checkpoint(model, resume_from)
             cb.on_load_checkpoint_end(model, iteration=self.iteration, checkpoint_path=checkpoint_path)
             cb.on_dataloader_init_start(model)
-            self._build_dataloaders(payload)
+            self._build_dataloaders()
             cb.on_dataloader_init_end(model, dataloader_train=self.dataloader_train, dataloader_val=self.dataloader_val)
             if payload is not None:
-                restore_rng_state(payload["rng"][dist_utils.get_rank() % len(payload["rng"])])
+                self.checkpoints.restore_rank_state(payload, self._training_state(model))
             elif dist_utils.get_world_size() > 1:
                 seed_everything(self.config.trainer.seed + dist_utils.get_rank())  # rank-local streams from here
             del payload
@@ -226,6 +225,7 @@ class Trainer:
             self._write_config_yaml()
             with self._stop_on_signals():
                 self._train(model)
+            self.checkpoints.wait()
             return model
         except BaseException as exc:
             self.exception = exc
@@ -234,6 +234,7 @@ class Trainer:
                                           exit_code=getattr(exc, "exit_code", 1))
             raise
         finally:
+            self._finish_pending_save()
             watch.stop()
             cb.on_app_end()
             self._discard_unused_run_dir()
@@ -259,9 +260,9 @@ class Trainer:
         if dist_utils.is_rank0():
             self._created_output_dir = outermost_missing_folder(self.run_dir)
             check_writable_dir(self.run_dir)
-            check_writable_dir(self.checkpointer.save_dir)
+            check_writable_dir(self.checkpoints.save_dir)
             logger.debug("run directory %s (%s); checkpoints in %s", self.run_dir.resolve(),
-                         "new" if self._created_output_dir is not None else "exists", self.checkpointer.save_dir)
+                         "new" if self._created_output_dir is not None else "exists", self.checkpoints.save_dir)
         dist_utils.barrier()
 
     def _write_config_yaml(self) -> None:
@@ -363,7 +364,7 @@ class Trainer:
         if not path:
             return
         payload = load_checkpoint(path)
-        self._restore_modules(model, payload, path, allow_missing=True)
+        restore_modules(model, payload, path, allow_missing=True)
         for name, ema in getattr(model, "ema_nets", {}).items():
             if name not in payload.get("model", {}):  # an EMA the checkpoint lacks starts from the loaded net
                 ema.load_state_dict(model.net.state_dict())
@@ -375,117 +376,58 @@ class Trainer:
         all ranks resume from the same file even while another run writes into the folder."""
         choice: Path | None = None
         if dist_utils.is_rank0():
-            latest = self.checkpointer.latest() if self.config.trainer.resume else None
+            latest = self.checkpoints.latest() if self.config.trainer.resume else None
             if not self.config.trainer.resume:
                 logger.debug("trainer.resume=False: starting fresh, checkpoints in %s are ignored",
-                             self.checkpointer.save_dir)
+                             self.checkpoints.save_dir)
             elif latest is None:
-                logger.debug("no valid checkpoint in %s: starting fresh", self.checkpointer.save_dir)
+                logger.debug("no valid checkpoint in %s: starting fresh", self.checkpoints.save_dir)
             else:
                 logger.debug("resuming from %s: the newest of %d valid checkpoint(s) in %s", latest.name,
-                             len(self.checkpointer.list()), self.checkpointer.save_dir)
+                             len(self.checkpoints.list()), self.checkpoints.save_dir)
             choice = latest
         chosen = dist_utils.broadcast_object(None if choice is None else str(choice))
         return None if chosen is None else Path(str(chosen))
 
     def _load_checkpoint(self, model: Any, latest: Path | None) -> tuple[str | None, dict[str, Any] | None]:
         if latest is not None:
-            try:
-                payload = load_checkpoint(latest)
-            except CorruptCheckpointError as exc:
-                raise CorruptCheckpointError(exc.path, exc.reason, self.checkpointer.previous_complete(latest)) from None
-            self._restore(model, payload, latest)
+            payload = self.checkpoints.load(latest, self._training_state(model))
             self.iteration = self.start_iteration = int(payload["iteration"])
             logger.info("resumed from %s (iteration %d)", latest, self.iteration)
             return str(latest), payload
         path = self.config.trainer.checkpointer.pretrained_ckpt_path
         return (path or None), None
 
-    def _restore_modules(self, model: Any, payload: dict[str, Any], path: Any, allow_missing: bool = False) -> None:
-        modules = model.model_dict
-        for name, state in payload.get("model", {}).items():
-            if name not in modules:
-                if allow_missing:
-                    continue
-                raise CheckpointError(f"checkpoint {path} has weights for {name!r}, which this model does not have")
-            try:
-                load_full_state_dict(modules[name], state)
-            except RuntimeError as exc:
-                first = str(exc).strip().splitlines()
-                raise CheckpointError(
-                    f"checkpoint {path}: weights of {name!r} do not fit this model ({' '.join(first[:2])[:300]})"
-                ) from None
-        if not allow_missing:
-            missing = [n for n in modules if n not in payload.get("model", {})]
-            if missing:
-                raise CheckpointError(f"checkpoint {path} lacks weights for {', '.join(missing)}")
+    def _training_state(self, model: Any) -> TrainingState:
+        return TrainingState(model=model, callbacks=self.callbacks, iteration=self.iteration,
+                             loaders={"train": self.dataloader_train, "val": self.dataloader_val})
 
-    def _restore(self, model: Any, payload: dict[str, Any], path: Path) -> None:
-        # A resume is exact only if every optimizer and scheduler state is restored: one the checkpoint lacks
-        # would restart silently from scratch (Adam's moments at zero, the learning rate schedule at its start).
-        for entry, objects in (("optimizers", model.optimizer_dict), ("schedulers", model.scheduler_dict)):
-            missing = [name for name in objects if name not in (payload.get(entry) or {})]
-            if missing:
-                raise CheckpointError(f"checkpoint {path} has no {entry} entry for {', '.join(missing)}: resuming "
-                                      "from it would restart their state from scratch (was it written by a run "
-                                      "configured differently?)")
-        self._restore_modules(model, payload, path)
-        trained = model.trainable_modules
-        for name, optimizer in model.optimizer_dict.items():
-            if name in payload.get("optimizers", {}):
-                state = payload["optimizers"][name]
-                if int(payload.get("version", 1)) < 2:  # version 1: the optimizer's own state_dict, by index
-                    optimizer.load_state_dict(state)
-                else:
-                    try:
-                        load_full_optimizer_state_dict(trained[name], optimizer, state)
-                    except ValueError as exc:
-                        raise CheckpointError(f"checkpoint {path}: optimizer {name!r} does not fit this model "
-                                              f"({exc})") from None
-        for name, scheduler in model.scheduler_dict.items():
-            if name in payload.get("schedulers", {}):
-                scheduler.load_state_dict(payload["schedulers"][name])
-        self.callbacks.load_state_dict(payload.get("callbacks", {}))
-
-    def _gather_rng(self) -> dict[int, Any]:
-        state = capture_rng_state()
-        if not dist_utils.is_initialized() or dist_utils.get_world_size() == 1:
-            return {0: state}
-        gathered: list[Any] = [None] * dist_utils.get_world_size()
-        torch.distributed.all_gather_object(gathered, state)
-        return dict(enumerate(gathered))
-
-    def save_checkpoint(self, model: Any) -> Path | None:
+    def save_checkpoint(self, model: Any) -> Path:
         cb = self.callbacks
         cb.on_save_checkpoint_start(model, iteration=self.iteration)
-        trained = model.trainable_modules
-        payload = {
-            "format": FORMAT,
-            "version": 2,
-            "iteration": self.iteration,
-            "model": {name: full_state_dict(module) for name, module in model.model_dict.items()},
-            "optimizers": {name: full_optimizer_state_dict(trained[name], opt)
-                           for name, opt in model.optimizer_dict.items()},
-            "schedulers": {name: s.state_dict() for name, s in model.scheduler_dict.items()},
-            "callbacks": self.callbacks.state_dict(),
-            "dataloaders": {
-                "train": self.dataloader_train.state_dict() if hasattr(self.dataloader_train, "state_dict") else None,
-                "val": self.dataloader_val.state_dict() if hasattr(self.dataloader_val, "state_dict") else None,
-            },
-            "rng": self._gather_rng(),
-        }
-        path = None
+        path = self.checkpoints.save(self._training_state(model))
+        self.last_checkpoint = path
         if dist_utils.is_rank0():
-            path = self.checkpointer.save(payload, self.iteration)
-            self.last_checkpoint = path
-            logger.info("saved checkpoint %s", path)
-        dist_utils.barrier()
-        cb.on_save_checkpoint_success(model, iteration=self.iteration, checkpoint_path=str(path) if path else None)
+            logger.info("%s checkpoint %s", "saving" if self.checkpoints.async_save else "saved", path)
+        cb.on_save_checkpoint_success(model, iteration=self.iteration, checkpoint_path=str(path))
         cb.on_save_checkpoint_end(model, iteration=self.iteration)
         return path
 
+    def _finish_pending_save(self) -> None:
+        """After a failure, an asynchronous save still in flight: one process lets it complete (its marker then
+        makes it the newest valid checkpoint); ranks of a failed multi-rank job abandon it - finishing it needs
+        every rank - so the previous checkpoint stays the newest valid one. Its own failure is logged, not raised
+        over the first error."""
+        if dist_utils.get_world_size() > 1:
+            self.checkpoints.abandon()
+            return
+        try:
+            self.checkpoints.wait()
+        except Exception as exc:  # noqa: BLE001
+            logger.error("%s", exc)
+
     # ---- data --------------------------------------------------------------------------------------------------
-    def _build_dataloaders(self, payload: dict[str, Any] | None) -> None:
+    def _build_dataloaders(self) -> None:
         self.dataloader_train = _build_loader(self.config.dataloader_train, "dataloader_train")
         self.dataloader_val = _build_loader(self.config.dataloader_val, "dataloader_val")
         per_rank = int(getattr(self.dataloader_train, "batch_size", 0) or 0)
@@ -502,12 +444,6 @@ class Trainer:
                 )
             self.accum_rounds = target // (per_rank * world)
             self.global_batch_size = target
-        if payload is not None:
-            states = payload.get("dataloaders", {})
-            if states.get("train") is not None and hasattr(self.dataloader_train, "load_state_dict"):
-                self.dataloader_train.load_state_dict(states["train"])
-            if states.get("val") is not None and hasattr(self.dataloader_val, "load_state_dict"):
-                self.dataloader_val.load_state_dict(states["val"])
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     def _train(self, model: Any) -> None:
@@ -579,6 +515,7 @@ class Trainer:
             if stop and self.iteration < cfg.max_iter:
                 if not saved:
                     self.save_checkpoint(model)
+                self.checkpoints.wait()
                 name = signal.Signals(self._stop_signal).name
                 raise TrainingInterrupted(
                     f"stopped by {name} at iteration {self.iteration}; checkpoint saved to {self.last_checkpoint} "

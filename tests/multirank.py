@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,35 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+JOB_TAG = "FASTGEN_TEST_JOB"
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Processes whose environment carries ``FASTGEN_TEST_JOB=tag``: a job's launcher and its workers (torch's
+    agent starts each worker in a session of its own, so killing the launcher's process group misses them)."""
+    needle = f"{JOB_TAG}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 class Job:
-    """A command started in its own process session; ``wait`` kills the whole session on timeout."""
+    """A command started in its own process session, its processes tagged in their environment; ``kill`` ends
+    all of them (the launcher's session and every worker), ``wait`` kills them on timeout."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
         self.args = args
-        self.process = subprocess.Popen(args, cwd=cwd, env=job_env(env), stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.tag = uuid.uuid4().hex
+        self.process = subprocess.Popen(args, cwd=cwd, env=job_env({**(env or {}), JOB_TAG: self.tag}),
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        start_new_session=True)
 
     def wait(self, timeout: float = 300) -> subprocess.CompletedProcess:
         try:
@@ -50,6 +73,11 @@ class Job:
             os.killpg(self.process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        for pid in tagged_pids(self.tag):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def fastgen(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -9,8 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fastgen.callbacks.callback import Callback
 from fastgen.utils import distributed as dist_utils
 
@@ -95,3 +93,76 @@ class PeakRSS(Callback):
         record = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "full_weight_bytes": full, "local_weight_bytes": state_bytes(model)["parameters"]}
         Path(f"{self.prefix}.rank{dist_utils.get_rank()}.json").write_text(json.dumps(record))
+
+
+class SampleLog(Callback):
+    """Each rank appends the global sample ids of every training batch to ``<prefix>.rank<r>`` (one line per step)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def on_training_step_end(self, model: Any, data_batch: dict, output_batch: dict, loss_dict: dict,
+                             iteration: int = 0) -> None:
+        ids = " ".join(str(int(i)) for i in data_batch["sample_ids"])
+        with open(f"{self.prefix}.rank{dist_utils.get_rank()}", "a") as handle:
+            handle.write(f"{iteration} {ids}\n")
+
+
+class StallSave(Callback):
+    """While the checkpoint of iteration ``at`` is written, rank 0 writes ``<flag>`` after its shards are on disk
+    and then waits ``pause_s`` before DCP's metadata (a test kills the job in that window: a ``.dcp`` folder
+    without its marker). Observes only: the save itself is unchanged."""
+
+    def __init__(self, flag: str, at: int, pause_s: float = 30.0) -> None:
+        self.flag, self.at, self.pause_s = Path(flag), at, pause_s
+        self.saving = 0
+
+    def on_train_begin(self, model: Any, iteration: int = 0) -> None:
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        probe, original = self, FileSystemWriter.finish
+
+        def finish(writer: Any, *args: Any, **kwargs: Any) -> Any:
+            if probe.saving == probe.at:
+                probe.flag.write_text(str(os.getpid()))
+                time.sleep(probe.pause_s)
+            return original(writer, *args, **kwargs)
+
+        FileSystemWriter.finish = finish
+
+    def on_save_checkpoint_start(self, model: Any, iteration: int = 0) -> None:
+        self.saving = iteration
+
+
+class FailSave(Callback):
+    """Make rank ``rank``'s write of the checkpoint of iteration ``at`` fail (an ``OSError``, as a full disk
+    would): sharded saves fail in DCP's ``write_data``, monolithic ones in the atomic file write."""
+
+    def __init__(self, rank: int, at: int) -> None:
+        self.rank, self.at = rank, at
+        self.saving = 0
+
+    def on_train_begin(self, model: Any, iteration: int = 0) -> None:
+        if dist_utils.get_rank() != self.rank:
+            return
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        import fastgen.utils.checkpointer as files
+
+        probe, write_data, atomic = self, FileSystemWriter.write_data, files.atomic_write_with
+
+        def failing_write_data(writer: Any, *args: Any, **kwargs: Any) -> Any:
+            if probe.saving == probe.at:
+                raise OSError(28, "No space left on device (injected by the test)")
+            return write_data(writer, *args, **kwargs)
+
+        def failing_atomic(path: Any, writer: Any) -> None:
+            if probe.saving == probe.at:
+                raise OSError(28, "No space left on device (injected by the test)")
+            atomic(path, writer)
+
+        FileSystemWriter.write_data = failing_write_data
+        files.atomic_write_with = failing_atomic
+
+    def on_save_checkpoint_start(self, model: Any, iteration: int = 0) -> None:
+        self.saving = iteration

@@ -89,8 +89,11 @@ class CheckpointerConfig(StrictConfig):
     s3_container: Optional[str] = None
     # Weights to start a *new* run from (e.g. a teacher, or a monolithic checkpoint for an FSDP run).
     pretrained_ckpt_path: Optional[str] = None
-    # Keep only the newest N checkpoints (None keeps all).
+    # Keep only the newest N checkpoints (None keeps all); a sharded checkpoint's folder goes with its marker.
     keep_last_n: Optional[int] = None
+    # Write checkpoints in the background while training continues (at most one save in flight; the run waits
+    # for the last one before it exits). See fastgen/utils/checkpoint_manager.py.
+    async_save: bool = False
 
 
 @config_class

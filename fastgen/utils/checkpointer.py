@@ -13,14 +13,16 @@ hidden ``.*.tmp`` file, which discovery ignores and the next save cleans up. Fil
 ``torch.load(weights_only=True)``: a checkpoint cannot execute code. A truncated or corrupt file raises
 ``CheckpointError`` naming the file and what to do.
 
-A relative ``save_dir`` lives inside the run directory. (Sharded DCP checkpoints and S3 storage arrive with the
-distributed engine; their marker is the same ``.pth`` name written last.)
+A relative ``save_dir`` lives inside the run directory. Sharded checkpoints (FSDP) are a ``{iteration:07d}.dcp``
+folder plus the same ``.pth`` name as their marker, written last; ``load_checkpoint`` returns whole tensors from
+either format. ``fastgen.utils.checkpoint_manager`` documents what a training run saves and how it resumes.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +96,8 @@ class Checkpointer:
         atomic_write_with(path, lambda handle: torch.save(payload, handle))
         if self.keep_last_n is not None:
             for _, old in self.list()[: -self.keep_last_n]:
-                old.unlink(missing_ok=True)
+                old.unlink(missing_ok=True)  # the marker first: its folder is invalid from here on
+                shutil.rmtree(old.with_suffix(".dcp"), ignore_errors=True)
         return path
 
     def _remove_stale_temporaries(self) -> None:
@@ -113,6 +116,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, zipfile errors...
         reason = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else type(exc).__name__
         raise CorruptCheckpointError(path, reason) from None
+    if isinstance(payload, dict) and payload.get("format") == FORMAT and payload.get("layout") == "sharded":
+        from fastgen.utils.checkpoint_manager import dcp_folder, read_sharded_as_full
+
+        return {**payload, **read_sharded_as_full(dcp_folder(path))}  # whole tensors, assembled in this process
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         if isinstance(payload, dict) and "model" not in payload and all(isinstance(v, torch.Tensor) for v in payload.values()):
             # A bare state_dict (e.g. from convert-ckpt or another tool): treat it as the weights of `net`.

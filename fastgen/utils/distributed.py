@@ -263,7 +263,13 @@ class FailureWatch:
                 return
 
     def stop(self) -> None:
+        """End the watch and wait for its thread: a thread still inside a store call while the process group is
+        destroyed and the interpreter exits can abort the process ("terminate called without an active
+        exception") after a run that succeeded."""
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10.0)
 
 
 def exit_on_peer_failure(message: str) -> None:

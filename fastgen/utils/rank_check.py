@@ -71,7 +71,7 @@ COMPARED_KEYS = {"python": "python version", "torch": "torch version", "cuda": "
 REPORTED_KEYS = ("hostname", "device", "debug")
 DEFAULT_TIMEOUT_S = 60.0
 # A rank other than 0 waits this much longer than rank 0 at the barrier: rank 0 names the missing ranks first.
-_FOLLOWER_WAIT = (2.0, 30.0)  # (factor, seconds added)
+_FOLLOWER_WAIT = (2.0, 10.0)  # (factor, seconds added)
 _GRACE_S = 1.5  # after rank 0 reports a stuck rank: time for the other ranks' FailureWatch to see it (3 polls)
 _REPORT_WAIT_S = 5.0  # a rank whose barrier failed looks this long for rank 0's report before naming rank 0
 

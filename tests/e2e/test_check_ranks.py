@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from fastgen_testing import FASTGEN, free_port, run_cli
+from multirank import JOB_TAG as TAG
+from multirank import tagged_pids
 
-TAG = "FASTGEN_CHECK_RANKS_TEST"
 TIMEOUT = 240  # seconds for any one process (a slow, shared CPU)
 
 CONFIG = '''
@@ -67,21 +67,6 @@ PARAMETER = "backbone.layers.1.weight"  # 32 x 32: rows 16:32 are rank 1's shard
 
 
 # ---- processes -------------------------------------------------------------------------------------------------------
-def tagged_pids(tag: str) -> list[int]:
-    """Processes whose environment carries ``TAG=tag`` (this test's launchers and their workers)."""
-    needle = f"{TAG}={tag}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 class Processes:
     """Start commands with a timeout each, in sessions of their own; ``kill_all`` ends every tagged process."""
 
@@ -171,7 +156,7 @@ def edm2_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return _train(tmp_path_factory.mktemp("edm2"), "edm2", EDM2_CONFIG)
 
 
-def node_dirs(tmp_path: Path, checkpoint: Path, edit=None) -> Path:  # noqa: ANN001 - edit(payload) on node 1's copy
+def node_dirs(tmp_path: Path, checkpoint: Path, edit=None) -> Path:
     """``tmp_path/node0/ckpt.pth`` (the checkpoint) and ``tmp_path/node1/ckpt.pth`` (edited by ``edit``)."""
     for node in (0, 1):
         (tmp_path / f"node{node}").mkdir()
@@ -192,7 +177,7 @@ def test_consistent_ddp_job_on_two_ranks(processes: Processes, tmp_path: Path) -
     assert out.splitlines()[-1].strip() == "consistent"
     assert "all 2 rank(s) arrived" in out and "mismatch" not in out and not error_lines(err)
     assert re.search(r"consistent: (\d+) tensors as built, \1 replicated", out), out  # DDP: nothing sharded
-    assert re.search(r"│ 0 .*│ 1 ", out, re.S), out  # a row per rank
+    assert re.search(r"│ 0 .*│ 1 ", out, re.DOTALL), out  # a row per rank
 
 
 @pytest.mark.slow

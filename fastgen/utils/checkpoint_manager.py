@@ -1,0 +1,550 @@
+"""The checkpoint manager: what a training run saves, in which format, and how it comes back.
+
+The trainer hands it a ``TrainingState`` (the method, its callbacks and data loaders, the iteration) and calls
+``save`` / ``load``; the manager builds every payload. Two formats share one folder and one naming rule
+(``fastgen.utils.checkpointer`` finds them):
+
+**Monolithic** (one process, DDP): ``{iteration:07d}.pth``, the full state in one ``torch.save``. Rank 0 gathers
+full tensors on the host (``full_state_dict`` / ``full_optimizer_state_dict``: CPU offload, keyed by parameter
+name) and writes the file atomically (temporary name, rename), so a file with the final name is complete.
+
+**Sharded** (``trainer.fsdp``): a ``{iteration:07d}.dcp/`` folder written by every rank through
+``torch.distributed.checkpoint`` (each rank writes its own shards of every network - EMA, teacher and fake score
+included - and of every optimizer state; no rank ever holds a full network), plus the marker
+``{iteration:07d}.pth``, a small file that rank 0 writes only after every rank's shards and DCP's metadata are
+written. The marker holds what is not sharded: schedulers, and the state of *each* rank (random streams, data
+loader positions, rank-local callback state).
+
+**Validity.** A checkpoint is valid when its ``.pth`` exists; a ``.dcp`` folder without its marker (a crash
+during a save) is ignored and removed by the next save. The newest valid checkpoint is resumed.
+``keep_last_n`` deletes older markers and their folders, never the one being written. A rank that fails to save
+makes every rank fail the save (DCP gathers each rank's result; a monolithic write's outcome is all-reduced), so
+no rank waits at a barrier for a rank that is gone.
+
+**Async saves** (``trainer.checkpointer.async_save``): the state is copied to the host (sharded: DCP's staging;
+monolithic: a clone of the full tensors) and written while training continues; at most one save is in flight -
+the next save, and the end of the run, wait for it. The marker is written only when the write succeeded, so a
+crash during an async save leaves the previous checkpoint the newest valid one. Asynchronous DCP runs its
+collectives on a dedicated gloo group so they never interleave with training's.
+
+**Loading and world sizes.** A run resumes from a checkpoint of its own format: an FSDP run from sharded ones, any
+other from monolithic ones; the other kind is a one-line error that names ``pretrained_ckpt_path`` (which starts a
+new run from either format: ``load_checkpoint`` assembles full tensors from a sharded folder in one process).
+Sharded checkpoints reshard through DCP, monolithic ones are full tensors that load into any layout, so both
+resume at another world size: model and optimizer states are exact, the data loader continues from the global
+number of samples its epoch has consumed (no sample repeated or skipped), and each new rank's random streams are
+derived from ``(trainer.seed, iteration, rank)``. A resume is bit-exact only at the same world size.
+
+DCP folders are read with ``weights_only`` loading of their non-tensor entries and a metadata unpickler that
+accepts only DCP's own classes (``SafeFileSystemReader``), as every other checkpoint here is loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.metadata import StorageMeta
+
+from fastgen.utils import distributed as dist_utils
+from fastgen.utils.checkpointer import (
+    FORMAT,
+    Checkpointer,
+    CorruptCheckpointError,
+    load_checkpoint,
+)
+from fastgen.utils.errors import CheckpointError
+from fastgen.utils.logging import get_logger
+from fastgen.utils.parallelize import (
+    full_optimizer_state_dict,
+    full_state_dict,
+    load_full_optimizer_state_dict,
+    load_full_state_dict,
+)
+from fastgen.utils.rng import capture_rng_state, restore_rng_state, seed_everything
+
+logger = get_logger(__name__)
+# DCP reports a failure on any rank as ``CheckpointException``, which derives from ``BaseException``.
+_SAVE_ERRORS = (Exception, CheckpointException)
+VERSION = 3  # 3: per-rank callback / loader state; sharded checkpoints (a marker + a DCP folder)
+MONOLITHIC, SHARDED = "monolithic", "sharded"
+
+
+@dataclass
+class TrainingState:
+    """What a checkpoint captures: the method (networks incl. EMA, optimizers, schedulers), the callbacks, the
+    data loaders and the number of completed iterations."""
+
+    model: Any
+    callbacks: Any
+    loaders: dict[str, Any]
+    iteration: int
+
+
+def derived_seed(seed: int, iteration: int, rank: int) -> int:
+    """A rank's random streams after a resume at another world size: a deterministic function of the run's seed,
+    the iteration and the rank, so that ranks differ and the same resume draws the same numbers."""
+    return (int(seed) * 1_000_003 + int(iteration) * 7_919 + int(rank) * 104_729) % (2**63 - 1)
+
+
+class CheckpointManager:
+    """Save and restore a run's ``TrainingState`` in the format its parallelism needs (module docstring)."""
+
+    def __init__(self, checkpointer_config: Any, run_dir: Path, sharded: bool, seed: int = 0) -> None:
+        self.files = Checkpointer(checkpointer_config.save_dir, run_dir, checkpointer_config.keep_last_n)
+        self.save_dir = self.files.save_dir
+        self.layout = SHARDED if sharded else MONOLITHIC
+        self.async_save = bool(getattr(checkpointer_config, "async_save", False))
+        self.pretrained = checkpointer_config.pretrained_ckpt_path
+        self.seed = seed
+        self._pending: _PendingSave | None = None
+        self._async_group: Any = None
+
+    # ---- discovery -------------------------------------------------------------------------------------------
+    def list(self) -> list[tuple[int, Path]]:
+        return self.files.list()
+
+    def latest(self) -> Path | None:
+        return self.files.latest()
+
+    def check_layout(self, marker: Path) -> None:
+        """Refuse to resume from a checkpoint of the other format (the module docstring's rule)."""
+        found = layout_of(marker)
+        if found != self.layout:
+            run = "an FSDP run" if self.layout == SHARDED else "a run without trainer.fsdp"
+            raise CheckpointError(
+                f"{run} cannot resume from the {found} checkpoint {marker}: start a new run directory (a new "
+                f"log_config.name) from its weights with - trainer.checkpointer.pretrained_ckpt_path={marker}")
+
+    # ---- saving ----------------------------------------------------------------------------------------------
+    def save(self, state: TrainingState) -> Path:
+        """Save ``state`` (a collective: every rank calls it). Returns the marker's path; with ``async_save`` the
+        write may still be in flight (``wait``)."""
+        self.wait()
+        ranks = self._gather_rank_states(state)
+        extras = {
+            "format": FORMAT, "version": VERSION, "iteration": state.iteration, "layout": self.layout,
+            "world_size": dist_utils.get_world_size(),
+            "schedulers": {name: s.state_dict() for name, s in state.model.scheduler_dict.items()},
+            **ranks,
+        }
+        marker = self.files.path_for(state.iteration)
+        if self.layout == SHARDED:
+            self._save_sharded(state, extras, marker)
+        else:
+            self._save_monolithic(state, extras, marker)
+        return marker
+
+    def wait(self) -> None:
+        """Finish the save in flight, if any; raise ``CheckpointError`` (on every rank) if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.finish()
+
+    def abandon(self) -> None:
+        """Drop the save in flight without waiting for the other ranks (a failed multi-rank job): no marker is
+        written, so it never becomes a valid checkpoint."""
+        self._pending = None
+
+    def _gather_rank_states(self, state: TrainingState) -> dict[str, Any]:
+        """Every rank's random streams, callback state and loader positions: ``rng`` and ``per_rank`` are keyed by
+        rank; ``callbacks`` and ``dataloaders`` repeat rank 0's, the view tools read."""
+        own = {
+            "rng": capture_rng_state(),
+            "callbacks": state.callbacks.state_dict(),
+            "dataloaders": {key: loader.state_dict() if hasattr(loader, "state_dict") else None
+                            for key, loader in state.loaders.items()},
+        }
+        if dist_utils.get_world_size() == 1:
+            every = [own]
+        else:
+            every = [None] * dist_utils.get_world_size()
+            torch.distributed.all_gather_object(every, own)
+        return {
+            "rng": {rank: entry["rng"] for rank, entry in enumerate(every)},
+            "callbacks": every[0]["callbacks"],
+            "dataloaders": every[0]["dataloaders"],
+            "per_rank": {key: {rank: entry[key] for rank, entry in enumerate(every)}
+                         for key in ("callbacks", "dataloaders")},
+        }
+
+    def _save_monolithic(self, state: TrainingState, extras: dict[str, Any], marker: Path) -> None:
+        model = state.model
+        trained = model.trainable_modules
+        payload = {
+            **extras,
+            "model": {name: full_state_dict(module) for name, module in model.model_dict.items()},
+            "optimizers": {name: full_optimizer_state_dict(trained[name], opt)
+                           for name, opt in model.optimizer_dict.items()},
+        }
+        if not dist_utils.is_rank0():
+            payload = {}
+        if self.async_save:
+            if dist_utils.is_rank0():
+                payload = _host_copy(payload)
+            self._pending = _PendingSave(self, marker, writer=lambda: self.files.save(payload, state.iteration))
+            return
+        self._finish_monolithic(marker, lambda: self.files.save(payload, state.iteration))
+
+    def _finish_monolithic(self, marker: Path, write: Any) -> None:
+        error = None
+        if dist_utils.is_rank0():
+            try:
+                write()
+            except Exception as exc:  # noqa: BLE001 - every rank must learn that the save failed
+                error = exc
+        if dist_utils.any_rank(error is not None):
+            raise CheckpointError(f"saving checkpoint {marker} failed"
+                                  + (f": {error}" if error is not None else " on rank 0")) from error
+
+    def _save_sharded(self, state: TrainingState, extras: dict[str, Any], marker: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        folder = dcp_folder(marker)
+        if dist_utils.is_rank0():
+            self._remove_incomplete(keep=folder)
+            if folder.exists():  # an earlier attempt at this iteration that never got its marker
+                shutil.rmtree(folder)
+        dist_utils.barrier()
+        tensors = sharded_state(state.model)
+        writer = dcp.FileSystemWriter(str(folder), single_file_per_rank=True, sync_files=True)
+        if self.async_save:
+            future = dcp.async_save(tensors, storage_writer=writer, process_group=self._group_for_async())
+            self._pending = _PendingSave(self, marker, future=future, extras=extras)
+            return
+        try:
+            dcp.save(tensors, storage_writer=writer)
+        except _SAVE_ERRORS as exc:  # noqa: BLE001 - DCP raises on every rank when any rank failed
+            raise CheckpointError(f"saving sharded checkpoint {folder} failed: {_first_line(exc)}") from None
+        self._write_marker(marker, extras)
+
+    def _write_marker(self, marker: Path, extras: dict[str, Any]) -> None:
+        """Rank 0 writes the marker after every rank's shards are on disk; then older checkpoints are pruned."""
+        ok = True
+        if dist_utils.is_rank0():
+            try:
+                self.files.save(extras, int(extras["iteration"]))
+            except Exception as exc:  # noqa: BLE001
+                logger.error("writing checkpoint marker %s failed: %s", marker, exc)
+                ok = False
+        if dist_utils.any_rank(not ok):
+            raise CheckpointError(f"writing checkpoint marker {marker} failed")
+
+    def _group_for_async(self) -> Any:
+        """A gloo group of every rank for asynchronous DCP (its collectives run on a background thread)."""
+        if self._async_group is None and dist_utils.is_initialized():
+            self._async_group = torch.distributed.new_group(backend="gloo")
+        return self._async_group
+
+    def _remove_incomplete(self, keep: Path) -> None:
+        """Remove ``.dcp`` folders whose marker is missing (a crash during a save), except ``keep``."""
+        if not self.save_dir.is_dir():
+            return
+        for entry in self.save_dir.glob("*.dcp"):
+            if entry != keep and entry.is_dir() and not entry.with_suffix(".pth").exists():
+                shutil.rmtree(entry, ignore_errors=True)
+
+    # ---- loading ---------------------------------------------------------------------------------------------
+    def load(self, marker: Path, state: TrainingState) -> dict[str, Any]:
+        """Restore ``state`` from ``marker`` (every rank) and return the marker's payload (without tensors of
+        the networks), whose per-rank entries ``restore_rank_state`` applies once the loaders exist."""
+        self.check_layout(marker)
+        if self.layout == SHARDED:
+            payload = _load_marker(marker, self.files)
+            load_sharded(dcp_folder(marker), state.model)
+            restore_non_tensor_state(state.model, payload, marker)
+        else:
+            try:
+                payload = load_checkpoint(marker)
+            except CorruptCheckpointError as exc:
+                raise CorruptCheckpointError(exc.path, exc.reason, self.files.previous_complete(marker)) from None
+            restore_full_state(state.model, payload, marker)
+        state.callbacks.load_state_dict(rank_entry(payload, "callbacks") or {})
+        return payload
+
+    def restore_rank_state(self, payload: dict[str, Any], state: TrainingState) -> None:
+        """This rank's loader positions and random streams. At the saving world size each rank takes its own;
+        at another, loaders continue from the global position and the streams are derived (``derived_seed``)."""
+        loaders = rank_entry(payload, "dataloaders") or {}
+        for key, loader in state.loaders.items():
+            if loaders.get(key) is not None and hasattr(loader, "load_state_dict"):
+                loader.load_state_dict(loaders[key])
+        saved_world = int(payload.get("world_size") or len(payload.get("rng") or {}) or 1)
+        if saved_world == dist_utils.get_world_size():
+            restore_rng_state(payload["rng"][dist_utils.get_rank()])
+        else:
+            seed_everything(derived_seed(self.seed, int(payload["iteration"]), dist_utils.get_rank()))
+            logger.info("resumed a %d-rank checkpoint on %d rank(s): random streams derived from the seed",
+                        saved_world, dist_utils.get_world_size())
+
+
+class _PendingSave:
+    """A save in flight: DCP's future (sharded) or a writer thread (monolithic)."""
+
+    def __init__(self, manager: CheckpointManager, marker: Path, future: Any = None, extras: Any = None,
+                 writer: Any = None) -> None:
+        self.manager, self.marker, self.future, self.extras = manager, marker, future, extras
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+        if writer is not None and dist_utils.is_rank0():
+            def run() -> None:
+                try:
+                    writer()
+                except BaseException as exc:  # noqa: BLE001 - reported by finish()
+                    self.error = exc
+            self.thread = threading.Thread(target=run, name="fastgen-checkpoint-writer", daemon=True)
+            self.thread.start()
+
+    def finish(self) -> None:
+        if self.future is not None:
+            try:
+                self.future.result()
+            except _SAVE_ERRORS as exc:  # noqa: BLE001
+                self.error = exc
+            if dist_utils.any_rank(self.error is not None):
+                raise CheckpointError(f"saving sharded checkpoint {dcp_folder(self.marker)} failed"
+                                      + (f": {_first_line(self.error)}" if self.error else " on another rank"))
+            self.manager._write_marker(self.marker, self.extras)
+            return
+        if self.thread is not None:
+            self.thread.join()
+        if dist_utils.any_rank(self.error is not None):
+            raise CheckpointError(f"saving checkpoint {self.marker} failed"
+                                  + (f": {_first_line(self.error)}" if self.error else " on rank 0"))
+
+
+# ---- formats -------------------------------------------------------------------------------------------------------
+def dcp_folder(marker: Path) -> Path:
+    return Path(marker).with_suffix(".dcp")
+
+
+def layout_of(marker: Path) -> str:
+    """``sharded`` when the marker's DCP folder exists beside it, else ``monolithic`` (no file is read)."""
+    return SHARDED if (dcp_folder(marker) / ".metadata").is_file() else MONOLITHIC
+
+
+def sharded_state(model: Any) -> dict[str, Any]:
+    """Every network's and optimizer's state as DCP saves it: local shards (DTensors) keyed by parameter name."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    trained = model.trainable_modules
+    return {
+        "model": {name: get_model_state_dict(module) for name, module in model.model_dict.items()},
+        "optimizers": {name: get_optimizer_state_dict(trained[name], opt)
+                       for name, opt in model.optimizer_dict.items()},
+    }
+
+
+def load_sharded(folder: Path, model: Any) -> None:
+    """Read a DCP folder into the model's (sharded or plain) networks and optimizers, resharding as needed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    state = sharded_state(model)
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeLoadPlanner())
+    except _SAVE_ERRORS as exc:  # noqa: BLE001 - missing keys, wrong shapes, unreadable files
+        raise CheckpointError(f"sharded checkpoint {folder} does not load into this model: {_first_line(exc)}") from None
+    trained = model.trainable_modules
+    for name, module in model.model_dict.items():
+        set_model_state_dict(module, state["model"][name])
+    for name, optimizer in model.optimizer_dict.items():
+        set_optimizer_state_dict(trained[name], optimizer, state["optimizers"][name],
+                                 options=StateDictOptions(strict=False))
+
+
+def restore_full_state(model: Any, payload: dict[str, Any], path: Path) -> None:
+    """Restore a monolithic payload: every network, optimizer and scheduler; each must be present."""
+    for entry, objects in (("optimizers", model.optimizer_dict), ("schedulers", model.scheduler_dict)):
+        missing = [name for name in objects if name not in (payload.get(entry) or {})]
+        if missing:
+            raise CheckpointError(f"checkpoint {path} has no {entry} entry for {', '.join(missing)}: resuming "
+                                  "from it would restart their state from scratch (was it written by a run "
+                                  "configured differently?)")
+    restore_modules(model, payload, path)
+    trained = model.trainable_modules
+    for name, optimizer in model.optimizer_dict.items():
+        state = payload["optimizers"][name]
+        if int(payload.get("version", 1)) < 2:  # version 1: the optimizer's own state_dict, by index
+            optimizer.load_state_dict(state)
+            continue
+        try:
+            load_full_optimizer_state_dict(trained[name], optimizer, state)
+        except ValueError as exc:
+            raise CheckpointError(f"checkpoint {path}: optimizer {name!r} does not fit this model ({exc})") from None
+    restore_non_tensor_state(model, payload, path)
+
+
+def restore_non_tensor_state(model: Any, payload: dict[str, Any], path: Path) -> None:
+    missing = [name for name in model.scheduler_dict if name not in (payload.get("schedulers") or {})]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} has no schedulers entry for {', '.join(missing)}: resuming from "
+                              "it would restart their state from scratch (was it written by a run configured "
+                              "differently?)")
+    for name, scheduler in model.scheduler_dict.items():
+        scheduler.load_state_dict(payload["schedulers"][name])
+
+
+def restore_modules(model: Any, payload: dict[str, Any], path: Any, allow_missing: bool = False) -> None:
+    """Load full tensors into every network (any layout); unknown or (unless ``allow_missing``) absent
+    networks and shapes that do not fit are ``CheckpointError``s naming the checkpoint."""
+    modules = model.model_dict
+    for name, state in payload.get("model", {}).items():
+        if name not in modules:
+            if allow_missing:
+                continue
+            raise CheckpointError(f"checkpoint {path} has weights for {name!r}, which this model does not have")
+        try:
+            load_full_state_dict(modules[name], state)
+        except RuntimeError as exc:
+            first = str(exc).strip().splitlines()
+            raise CheckpointError(
+                f"checkpoint {path}: weights of {name!r} do not fit this model ({' '.join(first[:2])[:300]})"
+            ) from None
+    if not allow_missing:
+        missing = [n for n in modules if n not in payload.get("model", {})]
+        if missing:
+            raise CheckpointError(f"checkpoint {path} lacks weights for {', '.join(missing)}")
+
+
+def rank_entry(payload: dict[str, Any], key: str) -> Any:
+    """This rank's ``callbacks`` or ``dataloaders`` entry (``per_rank``, version 3; older checkpoints hold rank
+    0's only). A rank the checkpoint did not have (a larger world) takes rank 0's: callback state is then rank
+    0's, and the loader recomputes its share from the global position."""
+    every = (payload.get("per_rank") or {}).get(key)
+    if not every:
+        return payload.get(key)
+    return every.get(dist_utils.get_rank(), every[min(every)])
+
+
+def _load_marker(marker: Path, files: Checkpointer) -> dict[str, Any]:
+    try:
+        payload = torch.load(marker, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001
+        raise CorruptCheckpointError(marker, _first_line(exc), files.previous_complete(marker)) from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT or payload.get("layout") != SHARDED:
+        raise CheckpointError(f"{marker} is not the marker of a fastgen sharded checkpoint")
+    return payload
+
+
+def read_sharded_as_full(folder: Path) -> dict[str, Any]:
+    """The tensors of a DCP folder assembled in this process (no process group): ``{"model": {net: state},
+    "optimizers": {...}}`` with full tensors. For tools that need whole networks (sampling, conversion,
+    ``pretrained_ckpt_path``); a training resume reads only its own shards (``load_sharded``)."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict[str, Any] = {}
+    try:
+        _load_state_dict(state, storage_reader=SafeFileSystemReader(str(folder)), planner=_SafeWholeLoadPlanner(),
+                         no_dist=True)
+    except _SAVE_ERRORS as exc:  # noqa: BLE001
+        raise CheckpointError(f"sharded checkpoint {folder} cannot be read: {_first_line(exc)}") from None
+    return state
+
+
+# ---- safe reading of DCP folders -----------------------------------------------------------------------------------
+class _DcpUnpickler(pickle.Unpickler):
+    """DCP's ``.metadata`` is a pickle: accept only the classes its metadata is made of."""
+
+    _TORCH_NAMES: ClassVar[set[str]] = {"Size", "device", "float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64",
+                    "uint8", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "strided",
+                    "sparse_coo", "contiguous_format", "preserve_format", "channels_last"}
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (
+            module.startswith("torch.distributed.checkpoint.")
+            or (module == "torch" and name in self._TORCH_NAMES)
+            or (module == "collections" and name == "OrderedDict")
+            or (module == "builtins" and name in {"set", "frozenset", "slice"})
+            or (module == "torch.serialization" and name == "_get_layout")  # a layout by its name
+            or (module == "pathlib" and name in {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"})
+        )
+        if not allowed:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a checkpoint's metadata")
+        return super().find_class(module, name)
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """``FileSystemReader`` whose metadata is unpickled with an allowlist (``_DcpUnpickler``)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = _DcpUnpickler(stream).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _WeightsOnlyBytes:
+    """Non-tensor entries (e.g. optimizer hyper-parameters) load with ``weights_only=True``."""
+
+    flatten_state_dict: bool
+    original_state_dict: Any
+    mappings: Any
+    state_dict: Any
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        fqn = read_item.dest_index.fqn
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+
+class SafeLoadPlanner(_WeightsOnlyBytes, DefaultLoadPlanner):
+    """DCP's default planner with weights-only loading of non-tensor entries."""
+
+
+class _SafeWholeLoadPlanner(_WeightsOnlyBytes, _EmptyStateDictLoadPlanner):
+    """Rebuilds the whole state from the metadata (one process), weights-only."""
+
+
+# ---- helpers -------------------------------------------------------------------------------------------------------
+def _host_copy(tree: Any) -> Any:
+    """A copy of every tensor in ``tree`` that training cannot change while a background thread writes it."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {key: _host_copy(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_host_copy(value) for value in tree]
+    if isinstance(tree, tuple):
+        return tuple(_host_copy(value) for value in tree)
+    return tree
+
+
+def _first_line(exc: BaseException | None) -> str:
+    """One line for an error; for DCP's ``CheckpointException`` (which wraps each failed rank's traceback) the
+    first failed rank's own error."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank = min(failures)
+        inner = failures[rank]
+        if isinstance(inner, tuple):  # DCP keeps (exception, traceback summary)
+            inner = inner[0]
+        text = str(inner).strip()
+        last = text.splitlines()[-1] if text else type(inner).__name__
+        return f"rank {rank}: {last[:300]}"
+    text = str(exc).strip() if exc is not None else ""
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
