@@ -17,7 +17,7 @@ error message.
 **Client** (``S3Storage``). boto3 is imported and the client created on first use, so importing this module
 costs nothing and ``fastgen --help`` stays instant. An ``endpoint_url`` (SeaweedFS, MinIO, ...) switches to
 path-style addressing (``http://host:port/bucket/key``), which such servers need. Every request is retried by
-botocore with exponential backoff and jitter (``retries={"mode": "standard", "max_attempts": N}``) with connect
+botocore with exponential backoff and jitter (``retries={"mode": "standard", "total_max_attempts": N}``) with connect
 and read timeouts; large files go up and down in parts through boto3's ``TransferConfig`` (multipart above
 ``multipart_threshold``). Failures become one-line ``S3StorageError``s (a ``CheckpointError``, exit code 1):
 
@@ -50,12 +50,17 @@ temporary folder); there is no byte-range streaming. Because the writer inherits
 (``BlockingAsyncStager``), ``dcp.async_save`` works with it unchanged: the upload runs on DCP's background thread.
 An error on any rank is raised by DCP on every rank as a ``CheckpointException``; ``s3_error_in`` finds our one-line
 error inside it.
+
+**Logs.** Library records name locations and endpoints only. botocore's own DEBUG records carry request headers
+(the access key id, a session token), so its loggers are capped at WARNING when the first client is made, unless
+their level was set explicitly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import pickle
 import re
@@ -227,19 +232,22 @@ def credentials_source(credentials_dir: str | os.PathLike[str] | None = None) ->
 class S3Settings:
     """Retries, timeouts and multipart sizes of the client (botocore / boto3 ``TransferConfig``)."""
 
-    max_attempts: int = 5  # botocore's count includes the first try
+    max_attempts: int = 8  # every try of a request, the first included; full-jitter backoff, at most 20 s a wait
     retry_mode: str = "standard"  # or "adaptive" (client-side rate limiting on throttling)
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0
     multipart_threshold: int = 64 * MiB
     multipart_chunksize: int = 64 * MiB
     max_concurrency: int = 4
+    list_page_size: int = 1000  # keys per ListObjectsV2 request (1000 is the S3 maximum)
 
     def __post_init__(self) -> None:
         if self.retry_mode not in ("standard", "adaptive", "legacy"):
             raise UsageError(f"S3 retry_mode={self.retry_mode!r}: expected standard or adaptive")
         if self.max_attempts < 1:
             raise UsageError(f"S3 max_attempts={self.max_attempts}: must be at least 1")
+        if not 1 <= self.list_page_size <= 1000:
+            raise UsageError(f"S3 list_page_size={self.list_page_size}: must be 1-1000")
         if self.multipart_chunksize < 5 * MiB:
             raise UsageError("S3 multipart_chunksize must be at least 5 MiB (the S3 minimum part size)")
 
@@ -286,10 +294,13 @@ class S3Storage:
 
     def _make_client(self) -> Any:
         import boto3
+
+        _quiet_boto_loggers()
         from botocore.config import Config
 
         c, s = self.credentials, self.settings
-        config = Config(retries={"mode": s.retry_mode, "max_attempts": s.max_attempts},
+        # botocore's "max_attempts" counts retries only; "total_max_attempts" counts the first try too
+        config = Config(retries={"mode": s.retry_mode, "total_max_attempts": s.max_attempts},
                         connect_timeout=s.connect_timeout_s, read_timeout=s.read_timeout_s,
                         s3={"addressing_style": "path"} if c.endpoint_url else {},
                         # boto3 >= 1.36 adds CRC checksums S3 lookalikes may not know; send them only when required
@@ -340,8 +351,8 @@ class S3Storage:
                 return S3StorageError(f"S3 request failed at {self.endpoint} ({code}{': ' + message if message else ''}) {where}")
             if isinstance(cause, (bex.ConnectionError, bex.HTTPClientError)):
                 return S3UnreachableError(
-                    f"S3 endpoint {self.endpoint} did not answer {where} ({type(cause).__name__}; gave up after "
-                    f"{self.settings.max_attempts} attempts with backoff): check that the server is up and reachable")
+                    f"S3 endpoint {self.endpoint} did not answer {where} ({type(cause).__name__}, retried with "
+                    f"backoff up to {self.settings.max_attempts} attempts): check that the server is up and reachable")
             if isinstance(cause, (bex.NoCredentialsError, bex.PartialCredentialsError)):
                 return S3AccessError(f"no S3 credentials found {where}: set credentials_dir/s3.json "
                                      "(aws_access_key_id, aws_secret_access_key) or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
@@ -404,8 +415,7 @@ class S3Storage:
         location = as_location(location)
         keys: list[str] = []
         with self._errors("listing", location):
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket,
-                                                                               Prefix=location.folder_prefix):
+            for page in self._pages(location.bucket, location.folder_prefix):
                 keys.extend(item["Key"] for item in page.get("Contents", ()))
         return sorted(keys)
 
@@ -416,11 +426,15 @@ class S3Storage:
         objects: list[str] = []
         folders: list[str] = []
         with self._errors("listing", location):
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=prefix,
-                                                                               Delimiter="/"):
+            for page in self._pages(location.bucket, prefix, Delimiter="/"):
                 objects.extend(item["Key"][len(prefix):] for item in page.get("Contents", ()))
                 folders.extend(item["Prefix"][len(prefix):].rstrip("/") for item in page.get("CommonPrefixes", ()))
         return sorted(o for o in objects if o), sorted(folders)
+
+    def _pages(self, bucket: str, prefix: str, **kwargs: str) -> Iterator[dict[str, Any]]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        yield from paginator.paginate(Bucket=bucket, Prefix=prefix,
+                                      PaginationConfig={"PageSize": self.settings.list_page_size}, **kwargs)
 
     def delete(self, location: S3Location | str) -> None:
         """Delete one object (no error when it is already gone)."""
@@ -442,6 +456,19 @@ class S3Storage:
                     raise S3StorageError(f"could not delete {len(response['Errors'])} objects below {location} "
                                          f"(first: {first.get('Key')}: {first.get('Code')})")
         return len(keys)
+
+
+_BOTO_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
+
+
+def _quiet_boto_loggers() -> None:
+    """botocore's DEBUG records carry request headers - the access key id in ``Authorization``, the session token
+    in ``X-Amz-Security-Token``. A root logger at DEBUG (a script's ``basicConfig``) must not put them in a log, so
+    these loggers are capped at WARNING unless someone set their level on purpose."""
+    for name in _BOTO_LOGGERS:
+        boto_logger = logging.getLogger(name)
+        if boto_logger.level == logging.NOTSET:
+            boto_logger.setLevel(logging.WARNING)
 
 
 def _exception_chain(exc: BaseException) -> Iterator[BaseException]:
@@ -660,12 +687,11 @@ def __getattr__(name: str) -> Any:
 
 
 # What a DCP .metadata pickle may name: DCP's own metadata classes, torch's dtype/layout/memory-format singletons
-# and torch.Size, and plain containers. Anything else (os.system, ...) means a tampered object.
+# and torch.Size, plain containers, and the PosixPath a local FileSystemWriter records as its checkpoint id. Anything else (os.system, ...) means a tampered object.
 _TORCH_NAMES = {"Size", "strided", "sparse_coo", "sparse_csr", "contiguous_format", "channels_last",
                 "channels_last_3d", "preserve_format"}
 _SAFE_BUILTINS = {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
-                  ("builtins", "slice"), ("builtins", "complex"), ("copyreg", "_reconstructor"),
-                  ("builtins", "object"), ("torch._utils", "_rebuild_tensor_v2")}
+                  ("pathlib", "PosixPath"), ("torch.serialization", "_get_layout")}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
