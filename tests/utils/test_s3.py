@@ -26,6 +26,8 @@ from fastgen_testing import finish_rank, gloo_results
 from s3server import S3Server, running_seaweedfs, s3_server  # noqa: F401 - s3_server is a fixture
 
 MiB = s3.MiB
+# dcp.save / load without a process group (world size 1) warn that they assume one process: that is the intent here
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
                  "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_PROFILE")
 
@@ -436,8 +438,7 @@ def test_dcp_round_trip_in_one_process(storage: s3.S3Storage, prefix: s3.S3Locat
     _train_steps(model, optimizer)
     expected = _full_state(model, optimizer)
     writes = count_calls(storage, "before-call.s3.PutObject")
-    with pytest.warns(UserWarning, match="single process"):
-        dcp.save(_dcp_state(model, optimizer), storage_writer=s3.S3StorageWriter(prefix, storage, staging_dir=tmp_path))
+    dcp.save(_dcp_state(model, optimizer), storage_writer=s3.S3StorageWriter(prefix, storage, staging_dir=tmp_path))
     keys = storage.list_keys(prefix)
     assert keys == [prefix.child(".metadata").key, prefix.child("__0_0.distcp").key]
     assert len(writes) == 2  # one object per file, nothing else
@@ -447,8 +448,7 @@ def test_dcp_round_trip_in_one_process(storage: s3.S3Storage, prefix: s3.S3Locat
     _train_steps(fresh, fresh_optimizer, steps=1)
     state = _dcp_state(fresh, fresh_optimizer)
     state["extra"] = {"iteration": 0, "note": ""}
-    with pytest.warns(UserWarning, match="single process"):
-        dcp.load(state, storage_reader=s3.S3StorageReader(prefix, storage, staging_dir=tmp_path))
+    dcp.load(state, storage_reader=s3.S3StorageReader(prefix, storage, staging_dir=tmp_path))
     _apply_dcp_state(fresh, fresh_optimizer, state)
     _assert_same(_full_state(fresh, fresh_optimizer), expected)
     assert state["extra"] == {"iteration": 7, "note": "s3"}
@@ -462,9 +462,21 @@ def test_dcp_uploads_metadata_last(storage: s3.S3Storage, prefix: s3.S3Location,
     count_calls(storage, "before-parameter-build.s3.PutObject",
                 lambda params, **_: order.append(params["Key"].rsplit("/", 1)[-1]))
     state = {"a": torch.arange(10.0), "b": torch.ones(3, 3)}
-    with pytest.warns(UserWarning):
-        dcp.save(state, checkpoint_id=prefix.url, storage_writer=s3.S3StorageWriter("s3://other-bucket/x", storage))
+    dcp.save(state, checkpoint_id=prefix.url, storage_writer=s3.S3StorageWriter("s3://other-bucket/x", storage))
     assert order == ["__0_0.distcp", ".metadata"]  # checkpoint_id given to save wins over the constructor's
+
+
+def test_dcp_async_save_uploads_a_snapshot(storage: s3.S3Storage, prefix: s3.S3Location) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    state = {"w": torch.randn(64, 64)}
+    snapshot = state["w"].clone()
+    future = dcp.async_save(state, storage_writer=s3.S3StorageWriter(prefix, storage))
+    state["w"].add_(1.0)  # training goes on while the upload runs
+    future.result()
+    loaded = {"w": torch.zeros(64, 64)}
+    dcp.load(loaded, storage_reader=s3.S3StorageReader(prefix, storage))
+    assert torch.equal(loaded["w"], snapshot)
 
 
 def test_dcp_save_to_a_dead_server_surfaces_one_line(doomed_server: S3Server, tmp_path: Path) -> None:
@@ -477,7 +489,7 @@ def test_dcp_save_to_a_dead_server_surfaces_one_line(doomed_server: S3Server, tm
     storage.upload_bytes(b"warm", location.child("probe"))
     doomed_server.process.kill()  # a crash
     doomed_server.process.wait(timeout=10)
-    with pytest.raises(CheckpointException) as info, pytest.warns(UserWarning):
+    with pytest.raises(CheckpointException) as info:
         dcp.save({"a": torch.ones(4)}, storage_writer=s3.S3StorageWriter(location, storage, staging_dir=tmp_path / "st"))
     error = s3.s3_error_in(info.value)
     assert isinstance(error, s3.S3UnreachableError) and "__0_0.distcp" in str(error)
@@ -548,7 +560,6 @@ def test_dcp_on_s3_with_two_gloo_ranks_loads_back_exactly(storage: s3.S3Storage,
     model, optimizer = _model_and_optimizer(9)
     _train_steps(model, optimizer, steps=1)
     state = _dcp_state(model, optimizer)
-    with pytest.warns(UserWarning):
-        dcp.load(state, storage_reader=s3.S3StorageReader(location, storage))
+    dcp.load(state, storage_reader=s3.S3StorageReader(location, storage))
     _apply_dcp_state(model, optimizer, state)
     _assert_same(_full_state(model, optimizer), saved)
