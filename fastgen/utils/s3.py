@@ -561,27 +561,43 @@ def _dcp_storage_classes() -> dict[str, type]:
     """Build the DCP writer and reader (torch.distributed.checkpoint is imported only when they are first used)."""
     from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 
-    class S3StorageWriter(FileSystemWriter):
-        """``torch.distributed.checkpoint`` writer to ``s3://bucket/prefix/`` through a local staging folder (see the
-        module docstring). ``dcp.save(state, storage_writer=S3StorageWriter(location, storage))``."""
+    class _S3Staged:
+        """What the writer and the reader share: the S3 location (DCP's ``checkpoint_id``), the client, and a private
+        local staging folder that is DCP's ``path``, replaced by a fresh one on every ``reset``."""
 
-        def __init__(self, location: S3Location | str, storage: S3Storage, staging_dir: str | os.PathLike[str] | None = None,
-                     thread_count: int = 1, overwrite: bool = True, **kwargs: Any) -> None:
+        path: Any
+
+        def _set_up(self, location: S3Location | str, storage: S3Storage,
+                    staging_dir: str | os.PathLike[str] | None) -> str:
             self.location = as_location(location)
             self.storage = storage
             self.staging_root = None if staging_dir is None else os.fspath(staging_dir)
-            # sync_files: the staged files are uploaded and deleted, never the durable copy; fsync would only cost time.
-            super().__init__(self._new_staging(), single_file_per_rank=True, sync_files=False,
-                             thread_count=thread_count, overwrite=overwrite, **kwargs)
-
-        def _new_staging(self) -> str:
             return _staging_folder(self.staging_root)
 
         def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
             if checkpoint_id:
                 self.location = as_location(str(checkpoint_id))
             shutil.rmtree(self.path, ignore_errors=True)
-            super().reset(self._new_staging())
+            super().reset(_staging_folder(self.staging_root))  # type: ignore[misc]
+
+        @property
+        def checkpoint_id(self) -> str:
+            return self.location.url
+
+        @classmethod
+        def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+            return is_s3_url(checkpoint_id)
+
+    class S3StorageWriter(_S3Staged, FileSystemWriter):
+        """``torch.distributed.checkpoint`` writer to ``s3://bucket/prefix/`` through a local staging folder (see the
+        module docstring). ``dcp.save(state, storage_writer=S3StorageWriter(location, storage))``."""
+
+        def __init__(self, location: S3Location | str, storage: S3Storage, staging_dir: str | os.PathLike[str] | None = None,
+                     thread_count: int = 1, overwrite: bool = True, **kwargs: Any) -> None:
+            staging = self._set_up(location, storage, staging_dir)
+            # sync_files: the staged files are uploaded and deleted, never the durable copy; fsync would only cost time.
+            FileSystemWriter.__init__(self, staging, single_file_per_rank=True, sync_files=False,
+                                      thread_count=thread_count, overwrite=overwrite, **kwargs)
 
         def prepare_local_plan(self, plan: Any) -> Any:
             plan = super().prepare_local_plan(plan)
@@ -612,34 +628,13 @@ def _dcp_storage_classes() -> dict[str, type]:
                     self.storage.upload_file(file, self.location.child(file.name))
                     file.unlink()
 
-        @property
-        def checkpoint_id(self) -> str:
-            return self.location.url
-
-        @classmethod
-        def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-            return is_s3_url(checkpoint_id)
-
-
-    class S3StorageReader(FileSystemReader):
+    class S3StorageReader(_S3Staged, FileSystemReader):
         """``torch.distributed.checkpoint`` reader of ``s3://bucket/prefix/`` that downloads only the files its load
         plan reads. ``dcp.load(state, storage_reader=S3StorageReader(location, storage))``."""
 
         def __init__(self, location: S3Location | str, storage: S3Storage,
                      staging_dir: str | os.PathLike[str] | None = None) -> None:
-            self.location = as_location(location)
-            self.storage = storage
-            self.staging_root = None if staging_dir is None else os.fspath(staging_dir)
-            super().__init__(self._new_staging())
-
-        def _new_staging(self) -> str:
-            return _staging_folder(self.staging_root)
-
-        def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-            if checkpoint_id:
-                self.location = as_location(str(checkpoint_id))
-            shutil.rmtree(self.path, ignore_errors=True)
-            super().reset(self._new_staging())
+            FileSystemReader.__init__(self, self._set_up(location, storage, staging_dir))
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             local = Path(self._get_metadata_path(kwargs.get("rank")))
@@ -660,14 +655,6 @@ def _dcp_storage_classes() -> dict[str, type]:
                 return super().read_data(plan, planner)
             finally:
                 shutil.rmtree(self.path, ignore_errors=True)
-
-        @property
-        def checkpoint_id(self) -> str:
-            return self.location.url
-
-        @classmethod
-        def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-            return is_s3_url(checkpoint_id)
 
     for cls in (S3StorageWriter, S3StorageReader):
         cls.__qualname__ = cls.__name__  # pickles by reference, found again through the module's __getattr__

@@ -22,7 +22,7 @@ import torch
 from fastgen.utils import env as env_module
 from fastgen.utils import s3
 from fastgen.utils.errors import CheckpointError, FastGenRuntimeError, UsageError
-from fastgen_testing import finish_rank, gloo_results
+from fastgen_testing import finish_rank, gloo_results, state_tensors
 from s3server import S3Server, running_seaweedfs, s3_server, weed_binary  # noqa: F401 - s3_server is a fixture
 
 MiB = s3.MiB
@@ -406,27 +406,12 @@ def _train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps
 
 
 def _full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """Every model and optimizer tensor, whole (gathered from shards), flattened by path."""
+    """Every model and optimizer tensor, whole (gathered from the shards), flattened by path."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    model_state, optim_state = get_state_dict(model, optimizer,
-                                              options=StateDictOptions(full_state_dict=True, cpu_offload=False))
-    flat: dict[str, torch.Tensor] = {}
-
-    def walk(path: str, node: Any) -> None:
-        if isinstance(node, torch.Tensor):
-            tensor = node.full_tensor() if hasattr(node, "full_tensor") else node
-            flat[path] = tensor.detach().clone()
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                walk(f"{path}.{key}", value)
-        elif isinstance(node, (list, tuple)):
-            for i, value in enumerate(node):
-                walk(f"{path}.{i}", value)
-
-    walk("model", model_state)
-    walk("optim", optim_state)
-    return flat
+    model_state, optim_state = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+    return {key: value.detach().clone()
+            for key, value in state_tensors({"model": model_state, "optimizers": optim_state}).items()}
 
 
 def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
