@@ -14,8 +14,8 @@ first, then ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` and ``AWS_ENDPOINT_URL``. ``
 the keys came from (for error messages); the secret fields are left out of ``repr`` and never logged or put in an
 error message.
 
-**Client** (``S3Storage``). boto3 is imported and the client created on first use, so importing this module
-costs nothing and ``fastgen --help`` stays instant. An ``endpoint_url`` (SeaweedFS, MinIO, ...) switches to
+**Client** (``S3Storage``). boto3 is imported and the client created on first use, and the DCP classes (torch)
+are built on first access, so importing this module costs nothing and ``fastgen --help`` stays instant. An ``endpoint_url`` (SeaweedFS, MinIO, ...) switches to
 path-style addressing (``http://host:port/bucket/key``), which such servers need. Every request is retried by
 botocore with exponential backoff and jitter (``retries={"mode": "standard", "total_max_attempts": N}``) with connect
 and read timeouts; large files go up and down in parts through boto3's ``TransferConfig`` (multipart above
@@ -25,6 +25,10 @@ and read timeouts; large files go up and down in parts through boto3's ``Transfe
   rejected by http://127.0.0.1:8333 (InvalidAccessKeyId) while listing s3://bucket/run/";
 * no answer after the retries -> ``S3UnreachableError``: "S3 endpoint ... did not answer while ...";
 * a missing bucket or object -> ``S3NotFoundError``.
+
+An object appears whole or not at all (S3 has no partial PUT: a multipart upload becomes visible when it is
+completed), so uploading a ``.pth`` is atomic without a rename. An upload cut off by a dead server may leave
+invisible parts behind that AWS still bills; a bucket lifecycle rule ``AbortIncompleteMultipartUpload`` removes them.
 
 A listing never reports "nothing there" because it failed: any error raises, so a resume can never silently
 start at iteration 0 because the bucket could not be read.
@@ -242,7 +246,7 @@ class S3Settings:
     list_page_size: int = 1000  # keys per ListObjectsV2 request (1000 is the S3 maximum)
 
     def __post_init__(self) -> None:
-        if self.retry_mode not in ("standard", "adaptive", "legacy"):
+        if self.retry_mode not in ("standard", "adaptive"):
             raise UsageError(f"S3 retry_mode={self.retry_mode!r}: expected standard or adaptive")
         if self.max_attempts < 1:
             raise UsageError(f"S3 max_attempts={self.max_attempts}: must be at least 1")
@@ -294,18 +298,20 @@ class S3Storage:
 
     def _make_client(self) -> Any:
         import boto3
-
-        _quiet_boto_loggers()
         from botocore.config import Config
 
+        _quiet_boto_loggers()
         c, s = self.credentials, self.settings
+        options: dict[str, Any] = {}
+        if "request_checksum_calculation" in Config.OPTION_DEFAULTS:
+            # boto3 >= 1.36 adds CRC checksums to every upload, which S3 lookalikes may reject; only when required
+            options.update(request_checksum_calculation="when_required", response_checksum_validation="when_required")
         # botocore's "max_attempts" counts retries only; "total_max_attempts" counts the first try too
         config = Config(retries={"mode": s.retry_mode, "total_max_attempts": s.max_attempts},
                         connect_timeout=s.connect_timeout_s, read_timeout=s.read_timeout_s,
-                        s3={"addressing_style": "path"} if c.endpoint_url else {},
-                        # boto3 >= 1.36 adds CRC checksums S3 lookalikes may not know; send them only when required
-                        request_checksum_calculation="when_required", response_checksum_validation="when_required")
+                        s3={"addressing_style": "path"} if c.endpoint_url else {}, **options)
         session = boto3.session.Session()  # a session per client: boto3's default session is not thread-safe
+        # SigV4 signs with a region; S3 lookalikes accept any, so an endpoint without a region gets us-east-1
         region = c.region_name or ("us-east-1" if c.endpoint_url else None)
         return session.client("s3", aws_access_key_id=c.access_key_id, aws_secret_access_key=c.secret_access_key,
                               aws_session_token=c.session_token, region_name=region, endpoint_url=c.endpoint_url,
@@ -343,7 +349,8 @@ class S3Storage:
                 code = str(error.get("Code") or cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?"))
                 if code in _DENIED:
                     return S3AccessError(f"S3 credentials from {self.credentials.source} were rejected by "
-                                         f"{self.endpoint} ({code}) {where}")
+                                         f"{self.endpoint} ({code}) {where}: check the key pair and its "
+                                         f"permissions on bucket {location.bucket}")
                 if code in _MISSING:
                     what = f"bucket {location.bucket}" if code == "NoSuchBucket" else (missing or str(location))
                     return S3NotFoundError(f"{what} does not exist at {self.endpoint} ({code}) {where}")
