@@ -64,6 +64,24 @@ def _read_token(path: Path) -> str | None:
     return text
 
 
+def read_s3_json(path: Path) -> dict[str, str]:
+    """The non-empty fields of an ``s3.json`` (keys of ``S3_JSON_KEYS``); ``{}`` when the file is missing or empty."""
+    if not (path.is_file() and path.stat().st_size > 0):
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not valid JSON (line {exc.lineno}): fix or remove it") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} must hold a JSON object with keys {', '.join(S3_JSON_KEYS)}")
+    return {key: data[key].strip() for key in S3_JSON_KEYS if isinstance(data.get(key), str) and data[key].strip()}
+
+
+def credential_source(variable: str) -> str | None:
+    """The file ``load_credentials`` exported ``variable`` from in this process, if any (never the value)."""
+    return _SOURCES.get(variable)
+
+
 def load_credentials(credentials_dir: str | os.PathLike[str]) -> dict[str, str]:
     """Export the credentials found in ``credentials_dir``; return ``{VARIABLE: source file}``."""
     folder = Path(credentials_dir).expanduser()
@@ -71,18 +89,9 @@ def load_credentials(credentials_dir: str | os.PathLike[str]) -> dict[str, str]:
     if not folder.is_dir():
         return found
     s3 = folder / "s3.json"
-    if s3.is_file() and s3.stat().st_size > 0:
-        try:
-            data = json.loads(s3.read_text())
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{s3} is not valid JSON (line {exc.lineno}): fix or remove it") from None
-        if not isinstance(data, dict):
-            raise UsageError(f"{s3} must hold a JSON object with keys {', '.join(S3_JSON_KEYS)}")
-        for key, variable in S3_JSON_KEYS.items():
-            value = data.get(key)
-            if isinstance(value, str) and value.strip():
-                os.environ[variable] = value.strip()
-                found[variable] = str(s3)
+    for key, value in read_s3_json(s3).items():
+        os.environ[S3_JSON_KEYS[key]] = value
+        found[S3_JSON_KEYS[key]] = str(s3)
     for token_file in sorted(folder.glob("*.txt")):
         variable = TOKEN_FILES.get(token_file.name)
         if variable is None:
