@@ -134,6 +134,16 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     return subprocess.run([FASTGEN, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def interruptible() -> None:
+    """``preexec_fn`` for a command a test presses Ctrl-C in: SIGINT at its default disposition and unblocked, as
+    under a terminal, whatever the test process inherited (a suite started in the background ignores SIGINT;
+    libraries block it around their own helper processes) - both are inherited across exec."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def free_port() -> int:
     """A free TCP port on loopback, for a test's process group rendezvous."""
     import socket

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fastgen_testing import FASTGEN
+from fastgen_testing import FASTGEN, interruptible
 
 TESTS_DIR = Path(__file__).parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -55,7 +55,7 @@ class Job:
         self.tag = uuid.uuid4().hex
         self.process = subprocess.Popen(args, cwd=cwd, env=job_env({**(env or {}), JOB_TAG: self.tag}),
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=interruptible)
 
     def wait(self, timeout: float = 300) -> subprocess.CompletedProcess:
         try:

@@ -1,21 +1,40 @@
-"""Checkpoint files: naming, atomic writes, discovery of the newest valid one, safe loading.
+"""Checkpoint files: the two formats, naming, atomic writes, discovery of the newest valid one, safe loading.
 
-Format (monolithic): ``<save_dir>/{iteration:07d}.pth``, one ``torch.save`` of a dict::
+**Monolithic** (one process and DDP runs): ``<save_dir>/{iteration:07d}.pth``, one ``torch.save`` of a dict::
 
-    {"format": "fastgen-checkpoint", "version": 1, "iteration": int,
-     "model": {module_name: state_dict}, "optimizers": {...}, "schedulers": {...},
-     "callbacks": {callback_name: state}, "dataloaders": {"train": state, "val": state},
-     "rng": {rank: {"torch": ByteTensor, "cuda": [ByteTensor], "numpy": {...}, "python": tuple}}}
+    {"format": "fastgen-checkpoint", "version": 3, "iteration": int, "layout": "monolithic", "world_size": int,
+     "model": {module_name: state_dict}, "optimizers": {module_name: optimizer state keyed by parameter name},
+     "schedulers": {...}, "callbacks": {callback_name: state}, "dataloaders": {"train": state, "val": state},
+     "rng": {rank: {"torch": ByteTensor, "cuda": [ByteTensor], "numpy": {...}, "python": tuple}},
+     "per_rank": {"callbacks": {rank: ...}, "dataloaders": {rank: ...}}}
 
-The file is written to a temporary name in the same folder and renamed into place (``fastgen.utils.io``), so a
-file with the final name is always complete: it is its own validity marker. A crash mid-write leaves only a
-hidden ``.*.tmp`` file, which discovery ignores and the next save cleans up. Files are loaded with
-``torch.load(weights_only=True)``: a checkpoint cannot execute code. A truncated or corrupt file raises
-``CheckpointError`` naming the file and what to do.
+(``callbacks`` / ``dataloaders`` repeat rank 0's entry of ``per_rank``.) The file is written to a temporary name
+in the same folder and renamed into place (``fastgen.utils.io``), so a file with the final name is always
+complete: it is its own validity marker. A crash mid-write leaves only a hidden ``.*.tmp`` file, which discovery
+ignores and the next save cleans up.
 
-A relative ``save_dir`` lives inside the run directory. Sharded checkpoints (FSDP) are a ``{iteration:07d}.dcp``
-folder plus the same ``.pth`` name as their marker, written last; ``load_checkpoint`` returns whole tensors from
-either format. ``fastgen.utils.checkpoint_manager`` documents what a training run saves and how it resumes.
+**Sharded** (FSDP runs): a ``<save_dir>/{iteration:07d}.dcp/`` folder written by every rank with
+``torch.distributed.checkpoint`` (``model.<network>.<parameter>`` and ``optimizers.<network>...``, each rank its
+own shards) and the marker ``{iteration:07d}.pth``: the dict above without ``model`` and ``optimizers``, with
+``"layout": "sharded"``, written by rank 0 after every rank's shards and DCP's metadata are on disk.
+
+**Validity and discovery.** A checkpoint is valid when its ``.pth`` exists; the newest valid one is resumed. A
+``.dcp`` folder without its marker (a crash during a save) is ignored and removed by the next save;
+``keep_last_n`` removes a marker and then its folder.
+
+**How they load.** A run resumes only from its own format (FSDP: sharded; otherwise monolithic): the other is a
+one-line error that points at ``trainer.checkpointer.pretrained_ckpt_path``, which starts a *new* run from
+either format. Monolithic tensors are full and load into any layout; sharded ones are resharded by DCP. Both
+resume at another world size - exactly for weights and optimizer states, with the data loader continuing from
+the global sample position and random streams derived per rank - and bit-identically only at the same world
+size (``fastgen.utils.checkpoint_manager`` documents what a run saves and restores). ``load_checkpoint`` returns
+the monolithic dict for either format (assembling a sharded folder's tensors in this process), for tools that
+need whole networks: sampling, evaluation, teachers, ``pretrained_ckpt_path``.
+
+**Safety.** Files load with ``torch.load(weights_only=True)``; DCP folders with an allowlisting unpickler for
+their metadata and ``weights_only`` for their non-tensor entries: a checkpoint cannot execute code. A truncated
+or corrupt file raises ``CheckpointError`` naming the file and what to do. A relative ``save_dir`` lives inside
+the run directory.
 """
 
 from __future__ import annotations

@@ -405,6 +405,7 @@ class _Rank:
     def load(self) -> None:
         """``parallelize`` (collectives: every rank, also one whose read failed), load the checkpoint, and
         fingerprint the replicated tensors and the local shards."""
+        from fastgen.utils.checkpoint_manager import restore_modules
         from fastgen.utils.parallelize import parallelize
 
         if self.model is None:  # model.meta_init
@@ -416,7 +417,7 @@ class _Rank:
                 ema.eval()
         if self.payload is not None:
             try:
-                self.trainer._restore_modules(self.model, self.payload, self.checkpoint, allow_missing=True)
+                restore_modules(self.model, self.payload, self.checkpoint, allow_missing=True)
             except FastGenError as exc:
                 self.material.error = _one_line(exc)
             self.payload = None

@@ -210,7 +210,7 @@ def test_a_drifted_buffer_names_rank_1_and_the_buffer(processes: Processes, edm2
     assert (node0, node1) == (1, 1), out + err + err1
     lines = mismatch_lines(out)
     assert all(" rank 1: " in line for line in lines), lines  # only rank 1 is at odds
-    assert any(f"rank 1: buffer net.{BUFFER}: differs from rank 0" in line for line in lines), lines
+    assert any(f"rank 1: buffer net.{BUFFER}: differs from rank 0" in line for line in lines), out + err + err1
     assert any(f"rank 1: checkpoint tensor model.net.{BUFFER} (buffer net.{BUFFER})" in line for line in lines), lines
     assert len(lines) == 2, lines
     for stderr in (err, err1):  # one line on each node, no traceback

@@ -274,8 +274,10 @@ def test_a_runs_config_yaml_resumes_that_run(output_root: Path, tmp_path: Path) 
 
 
 def test_shell_completion_script_and_completions() -> None:
-    # Typer detects the shell from the parent processes, so ask from inside bash, as a user's terminal would.
-    script = subprocess.run(["bash", "-c", f"{FASTGEN} --show-completion"], capture_output=True, text=True, timeout=60)
+    # Typer detects the shell from the parent process, so ask from inside bash, as a user's terminal would (the
+    # second command keeps bash from exec'ing fastgen in its place).
+    script = subprocess.run(["bash", "-c", f"{FASTGEN} --show-completion; exit $?"], capture_output=True, text=True,
+                            timeout=60)
     assert script.returncode == 0 and "_fastgen_completion" in script.stdout, script.stderr
     completions = run_cli(env={"_FASTGEN_COMPLETE": "complete_bash", "COMP_WORDS": "fastgen dr", "COMP_CWORD": "1"})
     assert "dryrun" in completions.stdout

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fastgen_testing import FASTGEN, run_cli
+from fastgen_testing import FASTGEN, interruptible, run_cli
 
 TINY = ("trainer.logging_iter=1 trainer.validation_iter=null dataloader_train.batch_size=8 "
         "model.net.backbone.hidden_dim=16").split()
@@ -155,7 +155,7 @@ def interrupt_at(phase: str, tmp_path: Path, *overrides: str) -> subprocess.Comp
     marker.unlink(missing_ok=True)
     process = subprocess.Popen([FASTGEN, "train", "-c", "pausing_config.py", "-", *TINY, *overrides],
                                cwd=tmp_path, env={**os.environ, "PAUSE_IN": phase}, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():
