@@ -24,7 +24,8 @@ mapping file names to ``md5:<hex>`` / ``sha256:<hex>``; entries there replace th
 
 **Atomicity.** Downloads and conversions happen in ``<output dir>/.downloads/<dataset>/`` (``.part`` files stay
 there between runs, so a second run resumes); the finished zips are renamed into ``<output dir>/<dataset>/`` only
-once all of them are written, and ``.downloads/<dataset>`` is removed after a success. A failure leaves nothing in
+once all of them are written, followed by ``manifest.json`` (the sources' checksums, each zip's image count and
+size: what ``--list`` verifies against), and ``.downloads/<dataset>`` is removed after a success. A failure leaves nothing in
 ``<output dir>/<dataset>/`` that was not there before (an archive that verified but cannot be read is deleted, so
 the next run downloads it again).
 """
@@ -42,12 +43,14 @@ from pathlib import Path
 from fastgen.datasets.download import Checksum, DownloadError, Progress, fetch
 from fastgen.datasets.image_zip import inspect_image_set, write_image_zip
 from fastgen.utils.errors import FastGenRuntimeError, UsageError
+from fastgen.utils.io import atomic_write_text
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
 CHECKSUMS_VARIABLE = "FASTGEN_DATA_CHECKSUMS"
 STAGING = ".downloads"
+MANIFEST = "manifest.json"  # beside the zips: their sources' checksums, image counts and sizes (for --list)
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ILSVRC-2012 train: what --list quotes for imagenet64 (the source decides)
 
 
@@ -287,7 +290,9 @@ def prepare(name: str, output_dir: Path, *, force: bool = False, mirror: str | N
         for remote in spec.files:
             checksum = overrides.get(remote.name) or Checksum.parse(remote.checksum)
             fetch(file_url(remote, name, mirror), raw / remote.name, checksum, progress)
-        images = _convert(spec, raw, folder, source, workers, progress)
+        sources = {remote.name: str(overrides.get(remote.name) or Checksum.parse(remote.checksum))
+                   for remote in spec.files}
+        images = _convert(spec, raw, folder, source, workers, progress, sources)
         shutil.rmtree(raw, ignore_errors=True)
     finally:
         _remove_if_empty(raw)  # a failed first download leaves no empty folders behind
@@ -298,8 +303,9 @@ def prepare(name: str, output_dir: Path, *, force: bool = False, mirror: str | N
 
 
 def _convert(spec: DatasetSpec, raw: Path, folder: Path, source: Path | None, workers: int | None,
-             progress: Progress | None) -> dict[str, int]:
-    """Write every output into a staging folder beside the raw files, then rename them all into ``folder``."""
+             progress: Progress | None, sources: dict[str, str]) -> dict[str, int]:
+    """Write every output into a staging folder beside the raw files, rename them all into ``folder``, then write
+    the manifest (last: a crash before it leaves the dataset unverified, and the next run prepares it again)."""
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=raw))
     try:
         images = {}
@@ -313,8 +319,13 @@ def _convert(spec: DatasetSpec, raw: Path, folder: Path, source: Path | None, wo
         except OSError as exc:
             raise FastGenRuntimeError(f"cannot write {staging}: {exc.strerror or exc}") from None
         folder.mkdir(parents=True, exist_ok=True)
+        (folder / MANIFEST).unlink(missing_ok=True)
         for file in images:
             os.replace(staging / file, folder / file)
+        manifest = {"dataset": spec.name, "sources": sources if spec.files else {"local": str(source or "bundled")},
+                    "outputs": {file: {"images": n, "bytes": (folder / file).stat().st_size}
+                                for file, n in images.items()}}
+        atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=1) + "\n")
         return images
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -333,7 +344,7 @@ class Status:
     name: str
     download_bytes: int | None  # None: made from a local source
     disk_bytes: int
-    state: str  # "ready", "missing", "partial download", "incomplete", "corrupt"
+    state: str  # "ready", "missing", "partial download", "incomplete", "unverified", "corrupt"
     detail: str
     images: dict[str, int]
 
@@ -343,36 +354,52 @@ class Status:
 
 
 def dataset_status(name: str, output_dir: Path) -> Status:
-    """Whether ``output_dir/name`` holds every output, each a readable image zip with the expected image count
-    and labels for every image (the zips' directories and ``dataset.json`` are read; images are not decoded)."""
+    """Whether ``output_dir/name`` holds every output as ``prepare`` wrote it: each a readable image zip whose size
+    and image count match the manifest, with labels for every image (the zips' directories and ``dataset.json``
+    are read, images are not decoded); made from the official files, the counts must also be the published ones."""
     spec = DATASETS[name]
-    folder = Path(output_dir).expanduser() / name
+    root = Path(output_dir).expanduser()
+    folder = root / name
     download = sum(f.size for f in spec.files) if not spec.needs_source else None
     present = [o for o in spec.outputs if (folder / o.file).is_file()]
     disk = sum((folder / o.file).stat().st_size for o in present)
     if not present:
-        raw = Path(output_dir).expanduser() / STAGING / name
+        raw = root / STAGING / name
         partial = sum(p.stat().st_size for p in raw.glob("*") if p.is_file()) if raw.is_dir() else 0
         if partial and download:
             return Status(name, download, disk, "partial download",
                           f"{partial / download:.0%} downloaded; run download-data {name} to resume", {})
         return Status(name, download, disk, "missing", "", {})
+
+    def status(state: str, detail: str, images: dict[str, int] | None = None) -> Status:
+        return Status(name, download, disk, state, detail, images or {})
+
     missing = [o.file for o in spec.outputs if o not in present]
+    if missing:
+        return status("incomplete", f"missing {', '.join(missing)}; run download-data {name} --force")
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        recorded = manifest["outputs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return status("unverified", f"no readable {MANIFEST} (not written by download-data); --force prepares it")
+    official = manifest.get("sources") == {f.name: f.checksum for f in spec.files} and bool(spec.files)
     images: dict[str, int] = {}
-    for output in present:
+    for output in spec.outputs:
+        entry = recorded.get(output.file) or {}
+        size = (folder / output.file).stat().st_size
+        if entry.get("bytes") != size:
+            return status("corrupt", f"{output.file} has {size:,} bytes, {MANIFEST} says {entry.get('bytes')}")
         try:
             summary = inspect_image_set(folder / output.file)
         except FastGenRuntimeError as exc:
-            return Status(name, download, disk, "corrupt", str(exc), images)
-        if output.images is not None and summary.images != output.images:
-            return Status(name, download, disk, "corrupt",
-                          f"{output.file} has {summary.images:,} images, expected {output.images:,}", images)
+            return status("corrupt", str(exc))
+        expected = output.images if official and output.images is not None else entry.get("images")
+        if summary.images != expected:
+            return status("corrupt", f"{output.file} has {summary.images:,} images, expected {expected:,}")
         if not summary.labelled:
-            return Status(name, download, disk, "corrupt", f"{output.file} has no labels", images)
+            return status("corrupt", f"{output.file} has no labels")
         images[output.file] = summary.images
-    if missing:
-        return Status(name, download, disk, "incomplete", f"missing {', '.join(missing)}", images)
-    return Status(name, download, disk, "ready", "", images)
+    return status("ready", "", images)
 
 
 # ---------------------------------------------------------------------------------------------------- hints
