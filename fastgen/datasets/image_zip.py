@@ -230,12 +230,13 @@ class ImageZipDataset:
         indices = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
         base = (indices % self.num_images).tolist()
         pixels = torch.from_numpy(np.stack([self._image(i) for i in base])).permute(0, 3, 1, 2)
-        images = pixels.float().div_(127.5).sub_(1.0)
+        images = torch.empty(pixels.shape, dtype=torch.float32)  # (B, C, H, W), contiguous
+        images.copy_(pixels).div_(127.5).sub_(1.0)
         if self.xflip:
             flip = indices >= self.num_images
             if bool(flip.any()):
                 images[flip] = images[flip].flip(-1)
-        batch = {"real": images.contiguous()}
+        batch = {"real": images}
         if self._labels is not None:
             batch["condition"] = self._labels[base]
         return batch
