@@ -238,3 +238,16 @@ def test_check_data_paths_reads_tags_lists_and_skips_urls(tmp_path: Path) -> Non
         check_data_paths(config)
     finally:
         del sys.modules["shard_dataset_for_test"]
+
+
+def test_runs_on_an_image_zip_name_their_dataset_by_its_file(tmp_path: Path) -> None:
+    from fastgen.evaluation.sampling import dataset_of_config
+    from fastgen_testing import tiny_toy_config
+
+    config = tiny_toy_config()
+    config.dataloader_train = cifar10_loader(root=str(tmp_path))
+    assert dataset_of_config(config) == "cifar10"
+    config.dataloader_train = image_zip_loader(str(tmp_path / "imagenet64" / "imagenet-64x64.zip"))
+    assert dataset_of_config(config) == "imagenet"
+    config.dataloader_train = image_zip_loader(str(tmp_path / "cifar10" / "faces.zip"))
+    assert dataset_of_config(config) is None  # the folder does not decide; the file name does
