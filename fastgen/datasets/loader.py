@@ -20,7 +20,10 @@ sampler replays this loader's own index order from its current ``(epoch, positio
 DataLoader returns batches in sampler order. So a checkpoint's state names the next batch the training loop has
 not seen, whatever was prefetched, and a restart - which starts a fresh sampler at that state - reads exactly
 it. ``pin_memory`` pins batches for faster host-to-GPU copies (only when CUDA is available); ``persistent_workers``
-keeps the worker processes across ``load_state_dict`` (the DataLoader is re-iterated from the new state).
+keeps the worker processes across ``load_state_dict`` (the DataLoader is re-iterated from the new state). The
+DataLoader has its own generator, so starting it never consumes the global random stream (a resumed run would
+otherwise draw differently from an uninterrupted one). Randomness a dataset draws inside a worker is not part of
+the guarantee: derive it from the sample's index, as ``xflip`` does.
 """
 
 from __future__ import annotations
@@ -121,6 +124,9 @@ class ResumableLoader:
                     num_workers=self.num_workers, pin_memory=self.pin_memory,
                     persistent_workers=self.persistent_workers and self.num_workers > 0,
                     prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
+                    # The DataLoader draws its workers' base seed from this generator: from the global one, each
+                    # restart (a new iterator) would shift the training's random stream by one draw.
+                    generator=torch.Generator().manual_seed(self.seed * 65_537 + self.rank),
                 )
             self._batches = iter(self._dataloader)
         return self._batches

@@ -121,7 +121,7 @@ def stream(loader, count: int) -> list[torch.Tensor]:  # noqa: ANN001
 
 
 WORKERS = [dict(num_workers=2), dict(num_workers=2, persistent_workers=True, prefetch_factor=4),
-           dict(num_workers=1, prefetch_factor=8), dict(pin_memory=True)]
+           dict(num_workers=1, prefetch_factor=8), dict(pin_memory=True)]  # pin_memory: a no-op without CUDA
 
 
 @pytest.mark.parametrize("options", WORKERS, ids=["2w", "2w-persistent-pf4", "1w-pf8", "pin"])
@@ -168,6 +168,19 @@ def test_image_zip_through_forked_workers_matches_the_main_process(tmp_path: Pat
     for _ in range(len(plain) + 3):
         a, b = next(plain), next(workers)
         assert torch.equal(a["real"], b["real"]) and torch.equal(a["condition"], b["condition"])
+
+
+def test_starting_workers_leaves_the_global_random_stream_alone() -> None:
+    """A resumed run starts its DataLoader at another point of the training than an uninterrupted one: if starting
+    it drew from the global generator, the two runs' random streams would part."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    loader = build_dataloader(IndexDataset(16), batch_size=4, num_workers=1)
+    next(loader)
+    loader.load_state_dict(loader.state_dict())
+    next(loader)
+    assert torch.equal(torch.rand(3), expected)
 
 
 def test_worker_options_without_workers_are_refused() -> None:
