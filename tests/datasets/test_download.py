@@ -240,14 +240,14 @@ def test_imagenet64_from_a_local_folder_uses_edms_center_crop(tmp_path: Path, la
 
 def test_imagenet64_in_a_process_pool_matches_the_serial_result(tmp_path: Path) -> None:
     source = fake_imagenet(tmp_path / "imagenet", "ilsvrc", per_class=30)  # 90 images: above the pool threshold
-    prepare("imagenet64", tmp_path / "serial", source=source, workers=1)
-    prepare("imagenet64", tmp_path / "pool", source=source, workers=2)
-    a = (tmp_path / "serial" / "imagenet64" / "imagenet-64x64.zip").read_bytes()
-    b = (tmp_path / "pool" / "imagenet64" / "imagenet-64x64.zip").read_bytes()
     import zipfile
 
-    za, zb = zipfile.ZipFile(tmp_path / "serial/imagenet64/imagenet-64x64.zip"), zipfile.ZipFile(tmp_path / "pool/imagenet64/imagenet-64x64.zip")
-    assert len(a) == len(b) and all(za.read(n) == zb.read(n) for n in za.namelist())
+    contents = []
+    for name, workers in (("serial", 1), ("pool", 2)):
+        prepare("imagenet64", tmp_path / name, source=source, workers=workers)
+        with zipfile.ZipFile(tmp_path / name / "imagenet64" / "imagenet-64x64.zip") as archive:
+            contents.append({member: archive.read(member) for member in archive.namelist()})
+    assert len(contents[0]) == 91 and contents[0] == contents[1]  # 90 images + dataset.json, in the same order
 
 
 def test_imagenet_without_synset_folders_is_a_usage_error(tmp_path: Path) -> None:
@@ -273,3 +273,20 @@ def test_prepare_hint_names_the_command(tmp_path: Path, monkeypatch: pytest.Monk
     assert prepare_hint(tmp_path / "root" / "imagenet64" / "imagenet-64x64.zip") == \
         "fastgen download-data imagenet64 --source IMAGENET_DIR"
     assert prepare_hint(tmp_path / "root" / "cifar10" / "mine.zip") is None
+
+
+def test_checksum_overrides_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastgen.datasets.prepare import checksum_overrides
+
+    monkeypatch.setenv("FASTGEN_DATA_CHECKSUMS", '{"a.gz": "md5:' + "1" * 32 + '"}')
+    assert checksum_overrides({"b.gz": "sha256:" + "2" * 64}) == {
+        "a.gz": Checksum("md5", "1" * 32), "b.gz": Checksum("sha256", "2" * 64)}
+    (tmp_path / "sums.json").write_text('{"a.gz": "' + "3" * 32 + '"}')
+    monkeypatch.setenv("FASTGEN_DATA_CHECKSUMS", str(tmp_path / "sums.json"))
+    assert checksum_overrides() == {"a.gz": Checksum("md5", "3" * 32)}
+    monkeypatch.setenv("FASTGEN_DATA_CHECKSUMS", "{not json")
+    with pytest.raises(UsageError, match="FASTGEN_DATA_CHECKSUMS must be a JSON object"):
+        checksum_overrides()
+    monkeypatch.setenv("FASTGEN_DATA_CHECKSUMS", str(tmp_path / "absent.json"))
+    with pytest.raises(UsageError, match="cannot read it"):
+        checksum_overrides()
