@@ -78,6 +78,10 @@ def train(
     """Train or distill a model."""
     setup_logging(log_level)
     resolved = resolve_config(config, overrides)
+    if not dryrun:
+        from fastgen.configs.checks import check_data_paths
+
+        check_data_paths(resolved)  # a missing or placeholder data path: one line, before any run directory
     if wants_launch(nproc_per_node, nnodes):
         if dryrun:
             from fastgen.utils.errors import UsageError

@@ -13,6 +13,9 @@ schedulers, the data loaders, the callbacks, and the nodes nested in their argum
 
 Every failure is a ``ConfigError`` (exit code 2) that names the config key. ``validate_config`` runs these checks,
 so ``fastgen dryrun`` and ``fastgen train`` refuse the same configs, before a run directory exists.
+
+``check_data_paths(config)`` (run by ``fastgen train`` only: a dry run needs no data) checks that the data loaders'
+paths exist - see its docstring.
 """
 
 from __future__ import annotations
@@ -160,3 +163,63 @@ def _check_callback_class(path: str, node: Any) -> None:
     if isinstance(factory, type) and not issubclass(factory, Callback):
         raise ConfigError(f"{path}._target_: {node[TARGET_KEY]} is not a fastgen Callback "
                           "(subclass fastgen.callbacks.callback.Callback)")
+
+
+# ------------------------------------------------------------------------------------------------ data paths
+DATA_LOADER_KEYS = ("dataloader_train", "dataloader_val")
+
+
+def check_data_paths(config: Any) -> None:
+    """Raise ``ConfigError`` (exit 2) for the first data path of the data loaders that does not exist.
+
+    A dataset class lists its path arguments in ``DATA_PATH_ARGUMENTS`` (e.g. ``ImageZipDataset``: ``path``); each
+    such argument of a LazyCall node under ``dataloader_train`` / ``dataloader_val`` must name something that
+    exists. Values may be one path or a list; a ``TAG:`` prefix (``WDS:/data/shards``) is dropped and URLs
+    (``s3://...``) are left to the loader. The message names the config key to override and, when a dataset of
+    ``fastgen download-data`` writes that file, the command that prepares it - so a recipe's placeholder path
+    fails at start-up, in one line, before a run directory exists. ``fastgen train`` runs this check; ``dryrun``
+    does not (it needs no data).
+    """
+    for key in DATA_LOADER_KEYS:
+        node = getattr(config, key, None)
+        if node is not None:
+            _check_paths_in(key, node)
+
+
+def _check_paths_in(path: str, node: Any) -> None:
+    if is_lazy(node):
+        target = node[TARGET_KEY]
+        try:
+            factory = locate(target) if isinstance(target, str) else target
+        except ImportError:
+            factory = None  # check_lazy_calls reports it
+        for argument in getattr(factory, "DATA_PATH_ARGUMENTS", ()):
+            if argument in node:
+                _check_path_value(f"{path}.{argument}", node[argument])
+    if isinstance(node, (Mapping, DictConfig)):
+        for key, value in node.items():
+            if key != TARGET_KEY and isinstance(value, (Mapping, DictConfig)):
+                _check_paths_in(f"{path}.{key}", value)
+
+
+def _check_path_value(key: str, value: Any) -> None:
+    from pathlib import Path
+
+    values = list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]
+    for item in values:
+        if item is None:
+            continue
+        text = str(item)
+        tag, sep, rest = text.partition(":")
+        if sep and tag.isupper() and not rest.startswith("//"):
+            text = rest  # WDS:/data/shards -> /data/shards
+        if "://" in text:
+            continue
+        location = Path(text).expanduser()
+        if location.exists():
+            continue
+        from fastgen.datasets.prepare import prepare_hint
+
+        hint = prepare_hint(location)
+        how = f"prepare it with `{hint}`, or set {key}=<path>" if hint else f"set {key}=<path to your data>"
+        raise ConfigError(f"{key}: {location} does not exist; {how}")

@@ -24,7 +24,7 @@ def toy_loader(name: str = "eight_gaussians", batch_size: int = 256, num_samples
 
 
 def data_root() -> str:
-    """``$DATA_ROOT_DIR`` (default ``./data``): where ``scripts/download_data.py`` prepares the datasets.
+    """``$DATA_ROOT_DIR`` (default ``./data``): where ``fastgen download-data`` prepares the datasets.
 
     Read when a config is created (a ``.env`` in the working directory may set it), so ``config.yaml`` records
     the resolved path; nothing on disk is touched here.
@@ -34,13 +34,25 @@ def data_root() -> str:
     return resolved()
 
 
+def image_zip_loader(path: str, batch_size: int = 128, xflip: bool = False, seed: int = 0,
+                     num_workers: int = 0) -> DictConfig:
+    """An EDM-style image zip or folder (``fastgen.datasets.image_zip``); the path is checked before training
+    (``fastgen.configs.checks.check_data_paths``), so a missing one fails with the key to override."""
+    return LazyCall("fastgen.datasets.loader.build_dataloader")(
+        dataset=LazyCall("fastgen.datasets.image_zip.ImageZipDataset")(path=path, xflip=xflip),
+        batch_size=batch_size, shuffle=True, seed=seed, num_workers=num_workers,
+    )
+
+
+CIFAR10_FILES = {"train": "cifar10-32x32.zip", "test": "cifar10-32x32-test.zip"}
+
+
 def cifar10_loader(split: str = "train", batch_size: int = 128, xflip: bool = False, root: str | None = None,
                    seed: int = 0) -> DictConfig:
-    """CIFAR-10 (binary version) from ``root`` (default ``$DATA_ROOT_DIR/cifar10``; prepare it with
-    ``python scripts/download_data.py cifar10``). ``xflip`` adds mirrored copies (EDM's ``--xflip``)."""
-    return LazyCall("fastgen.datasets.loader.build_dataloader")(
-        dataset=LazyCall("fastgen.datasets.cifar10.CIFAR10Dataset")(
-            root=root if root is not None else os.path.join(data_root(), "cifar10"), split=split, xflip=xflip,
-        ),
-        batch_size=batch_size, shuffle=True, seed=seed,
-    )
+    """CIFAR-10's image zip (``cifar10-32x32.zip`` / ``cifar10-32x32-test.zip``) from ``root`` (default
+    ``$DATA_ROOT_DIR/cifar10``), as ``fastgen download-data cifar10`` writes it. ``xflip`` adds mirrored copies
+    (EDM's ``--xflip``)."""
+    if split not in CIFAR10_FILES:
+        raise ValueError(f"CIFAR-10 split must be 'train' or 'test', got {split!r}")
+    folder = root if root is not None else os.path.join(data_root(), "cifar10")
+    return image_zip_loader(os.path.join(folder, CIFAR10_FILES[split]), batch_size=batch_size, xflip=xflip, seed=seed)

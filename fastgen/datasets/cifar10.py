@@ -2,9 +2,11 @@
 
 Why the binary files: they are plain bytes - each record is one label byte (0-9) followed by the 3,072 pixel
 bytes of a 32x32 RGB image in channel-major (CHW) order - so reading them runs no code from the download,
-unlike the Python version's pickles, which are never unpickled here. ``scripts/download_data.py cifar10``
-downloads, verifies (md5) and extracts them into ``$DATA_ROOT_DIR/cifar10/cifar-10-batches-bin``:
-``data_batch_1.bin`` ... ``data_batch_5.bin`` (train, 5 x 10,000 records) and ``test_batch.bin`` (10,000).
+unlike the Python version's pickles, which are never unpickled here. The folder is what
+``tar xzf cifar-10-binary.tar.gz`` extracts: ``data_batch_1.bin`` ... ``data_batch_5.bin`` (train, 5 x 10,000
+records) and ``test_batch.bin`` (10,000). The recipes read the EDM-style image zips that
+``fastgen download-data cifar10`` converts the same archive into (``fastgen.datasets.image_zip``); this reader
+is for a folder extracted by hand.
 
 Items are ``{"real": float32 (3, 32, 32) in [-1, 1], "condition": int64 label}``; pixels map as
 ``x = p / 127.5 - 1``. The whole split stays in memory as uint8 (150 MB for train) and is converted per batch.
@@ -38,12 +40,11 @@ SPLIT_FILES: dict[str, tuple[str, ...]] = {
 
 
 def prepare_command(root: Path) -> str:
-    """The command that puts the data where ``root`` expects it (``root`` is ``<data root>/cifar10``)."""
+    """How to put the binary files where ``root`` expects them."""
     if root.name == BATCHES_DIR:
         root = root.parent
-    if root.name == "cifar10":
-        return f"python scripts/download_data.py cifar10 --root {root.parent}"
-    return f"python scripts/download_data.py cifar10 --root DIR (then use DIR/cifar10 instead of {root})"
+    return (f"tar xzf cifar-10-binary.tar.gz -C {root} (the recipes read the image zips of "
+            "`fastgen download-data cifar10` instead)")
 
 
 def batches_dir(root: str | os.PathLike[str]) -> Path:
@@ -63,7 +64,7 @@ def check_file(path: Path, root: Path, check_labels: bool = True) -> int:
 
     A file must be non-empty and a whole number of records; with ``check_labels`` every label byte must be 0-9
     (this catches a pickle or a garbled file that happens to have a fitting size). Uses only the standard
-    library, so ``scripts/download_data.py`` can verify an extraction without importing torch.
+    library.
     """
     fix = prepare_command(root)
     if not path.is_file():
@@ -116,6 +117,8 @@ class CIFAR10Dataset:
     copies (see the module docstring). Missing or malformed files raise ``UsageError`` naming the file and the
     command that prepares the data.
     """
+
+    DATA_PATH_ARGUMENTS = ("root",)  # fastgen.configs.checks.check_data_paths checks it exists before a run
 
     def __init__(self, root: str = "./data/cifar10", split: str = "train", xflip: bool = False) -> None:
         self.root = str(root)

@@ -328,6 +328,8 @@ def dataset_of_config(config: Any) -> str | None:
     if target.endswith("toy.ToyDataset"):
         return f"toy:{dataset.get('name', 'eight_gaussians')}"
     lowered = target.lower()
+    if target.endswith("image_zip.ImageZipDataset"):  # an image zip: its file says which (cifar10-32x32.zip, ...)
+        lowered = str(dataset.get("path", "")).rsplit("/", 1)[-1].lower()
     for name in ("cifar10", "imagenet"):
         if name in lowered:
             return name

@@ -1,5 +1,6 @@
 """The seed's EDM CIFAR-10 recipes as a user runs them: dryrun (no data needed), the seed's train.py forms, and
-training on a small CIFAR-10 directory in the real binary format that the test writes itself."""
+training on a small CIFAR-10 image zip that ``download-data``'s pipeline made from an archive in the real binary
+format, written by the test itself."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fastgen_testing import run_cli, write_cifar10_binary
+from fastgen_testing import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 NET_PARAMS = "55,055,107"  # edm_unet_cifar10, 10 classes; EDM's DDPM++: 55,735,299 (tests/networks explains why)
@@ -22,9 +23,17 @@ TINY = ["trainer.max_iter=2", "trainer.logging_iter=1", "model.teacher_ckpt=null
 
 @pytest.fixture
 def data_root(tmp_path: Path) -> Path:
-    """``$DATA_ROOT_DIR`` with ``cifar10/cifar-10-batches-bin``: 5 x 13 train records (65) + 13 test."""
+    """``$DATA_ROOT_DIR`` with ``cifar10/cifar10-32x32.zip`` (65 images) and ``cifar10-32x32-test.zip`` (13), made by
+    ``fastgen.datasets.prepare`` from a ``cifar-10-binary.tar.gz`` in the official layout (through a file:// mirror)."""
+    from dataset_files import cifar10_tarball, md5
+
+    from fastgen.datasets.prepare import prepare
+
+    body, _ = cifar10_tarball(tmp_path, per_file=13, seed=5)
+    (tmp_path / "mirror").mkdir()
+    (tmp_path / "mirror" / "cifar-10-binary.tar.gz").write_bytes(body)
     root = tmp_path / "data"
-    write_cifar10_binary(root / "cifar10" / "cifar-10-batches-bin", per_file=13, seed=5)
+    prepare("cifar10", root, mirror=f"file://{tmp_path / 'mirror'}", checksums={"cifar-10-binary.tar.gz": md5(body)})
     return root
 
 
@@ -141,8 +150,10 @@ def test_missing_data_is_one_line_exit_2(output_root: Path, tmp_path: Path) -> N
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in result.stderr
-    assert str(absent / "cifar10" / "data_batch_1.bin") in errors[0]
-    assert f"python scripts/download_data.py cifar10 --root {absent}" in errors[0]
+    assert errors[0] == (f"error: dataloader_train.dataset.path: {absent / 'cifar10' / 'cifar10-32x32.zip'} does not "
+                         "exist; prepare it with `fastgen download-data cifar10`, or set "  # to $DATA_ROOT_DIR
+                         "dataloader_train.dataset.path=<path>")
+    assert _files_under(output_root) == [] and not list(output_root.iterdir())  # no run directory was made
 
 
 @pytest.mark.slow

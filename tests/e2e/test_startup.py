@@ -249,7 +249,7 @@ def test_data_root_is_data_root_dir_everywhere(tmp_path: Path) -> None:
     dry = run_cli("dryrun", "-c", "EDM/config_sft_cifar10", "--yaml", cwd=tmp_path,
                   env={"DATA_ROOT_DIR": str(tmp_path / "datasets")})
     assert dry.returncode == 0, dry.stderr
-    assert f"root: {tmp_path / 'datasets' / 'cifar10'}" in dry.stdout
+    assert f"path: {tmp_path / 'datasets' / 'cifar10' / 'cifar10-32x32.zip'}" in dry.stdout
     example = (Path(__file__).resolve().parents[2] / "templates" / "env.example").read_text()
     assert "DATA_ROOT_DIR=" in example
 

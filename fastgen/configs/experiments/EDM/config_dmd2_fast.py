@@ -21,7 +21,7 @@ training the matching teacher recipe and exporting its EMA network::
 teacher with this architecture and EDM preconditioning works. ``model.teacher_ckpt=null`` distills a randomly
 initialised teacher - only useful to test the pipeline; the method warns.
 
-Data: the CIFAR-10 training set from ``$DATA_ROOT_DIR/cifar10`` - run ``python scripts/download_data.py
+Data: the CIFAR-10 training set, ``$DATA_ROOT_DIR/cifar10/cifar10-32x32.zip`` - run ``fastgen download-data
 cifar10`` first. Real images feed only the GAN branch.
 
 Hyper-parameters follow DMD2's pixel-space class-conditional recipe (ImageNet-64 with an EDM teacher, Yin et al.

@@ -10,8 +10,8 @@ setup (Karras et al. 2022, Table 7 and App. F.2) where fastgen has the pieces:
   batch 512), global batch 512 (``trainer.batch_size_global``: per-rank batch 128, so four accumulation rounds on
   one GPU, one round on four ranks with ``trainer.ddp=True``), 390,625 steps = EDM's 200 Mimg;
 * EMA: EDM's half-life schedule (500 kimg, ramp-up ratio 0.05);
-* data: the CIFAR-10 training set from ``$DATA_ROOT_DIR/cifar10`` (default ``./data``; prepare it with
-  ``python scripts/download_data.py cifar10``) with horizontal flips. EDM's non-leaky augmentation pipeline
+* data: the CIFAR-10 training set, ``$DATA_ROOT_DIR/cifar10/cifar10-32x32.zip`` (default ``./data``; prepare it
+  with ``fastgen download-data cifar10``) with horizontal flips. EDM's non-leaky augmentation pipeline
   (``--augment=0.12``) is not implemented in fastgen, so FID will trail EDM's 1.79 somewhat;
 * samples: 18 Heun steps (35 network evaluations), as EDM samples CIFAR-10. No label dropout, as in EDM: the
   teacher is distilled without classifier-free guidance.
