@@ -188,8 +188,9 @@ class MonolithicSource(Source):
             return torch.load(self.path, map_location="cpu", mmap=True, weights_only=True)
         except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a bad file
             if _looks_like_zip(self.path):
-                raise CheckpointError(f"checkpoint {self.description} is corrupt or truncated ({_first_line(exc)})") from None
-            raise UsageError(f"{self.description} is not a fastgen checkpoint ({_first_line(exc)})") from None
+                reason = _first_line(exc).split(". ")[0]
+                raise CheckpointError(f"checkpoint {self.description} is corrupt or truncated ({reason})") from None
+            raise UsageError(f"{self.description} is not a fastgen checkpoint (not a torch zip file)") from None
 
     def read(self, paths: list[TreePath]) -> dict[TreePath, torch.Tensor]:
         payload = self._open()
