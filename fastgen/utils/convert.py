@@ -178,6 +178,7 @@ class MonolithicSource(Source):
         else:
             raise UsageError(f"{description} is not a fastgen checkpoint (a torch file, but not a checkpoint dict "
                              "or a state dict)")
+        payload.pop("layout", None)  # the output's layout is the writer's to set
         self.payload = _specs_in_sections(payload)
         del payload  # no page of the file stays mapped
 
@@ -802,6 +803,8 @@ def _write(destination: Destination, fmt: str, tree: dict[str, Any], leaves: lis
            only: str | None, iteration: int, expected: dict[str, TensorSpec],
            stream: Iterator[list[tuple[Leaf, torch.Tensor]]]) -> None:
     if fmt == "pth":
+        if only is None:
+            tree = {**tree, "layout": "monolithic"}  # as the checkpoint manager writes a full .pth
         with staged_file(destination.path) as temporary:
             write_pth(temporary, tree, leaves, stream)
             verify_output(temporary, fmt, expected)
