@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from fastgen_testing import state_tensors, tiny_toy_config
+from s3server import S3Server, s3_server  # noqa: F401 - s3_server is a fixture
 
 from fastgen.trainer import Trainer
 from fastgen.utils import convert
@@ -195,3 +196,26 @@ def test_a_folder_destination_gets_the_iteration_name(trained: Path, tmp_path: P
     from fastgen.utils.checkpointer import Checkpointer
 
     assert Checkpointer(str(tmp_path / "ckpts"), tmp_path).latest() == tmp_path / "ckpts" / "0000003.pth"
+
+
+def test_a_failed_s3_upload_leaves_nothing_at_the_destination(trained: Path, tmp_path: Path, s3_server: S3Server,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The marker's upload fails (after the shards and .metadata went up): every uploaded object is deleted."""
+    from fastgen.utils import s3
+
+    for key, value in s3_server.environment().items():
+        monkeypatch.setenv(key, value)
+    real_upload = s3.S3Storage.upload_file
+
+    def failing_marker(self: s3.S3Storage, path: Any, location: Any) -> None:
+        if str(location).endswith(".pth"):
+            raise s3.S3UnreachableError(f"S3 endpoint did not answer while uploading to {location}")
+        real_upload(self, path, location)
+
+    monkeypatch.setattr(s3.S3Storage, "upload_file", failing_marker)
+    prefix = f"convert-fail/{tmp_path.name}"
+    with pytest.raises(CheckpointError, match="did not answer"):
+        convert.convert_checkpoint(str(trained), f"s3://{s3_server.bucket}/{prefix}/", to="dcp",
+                                   credentials_dir=tmp_path / "none")
+    listed = s3_server.client().list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix)
+    assert listed.get("KeyCount", 0) == 0, [item["Key"] for item in listed.get("Contents", [])]
