@@ -524,7 +524,7 @@ def write_dcp(folder: Path, leaves: list[Leaf], tree: dict[str, Any],
             set_element(state, path, value)
         for leaf, tensor in piece:
             set_element(state, leaf.target, tensor)
-        writer = _PieceWriter(str(folder), prefix=f"__{index}_")
+        writer = _piece_writer(str(folder), prefix=f"__{index}_")
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -584,7 +584,7 @@ def _piece_writer_class() -> type:
     return PieceWriter
 
 
-def _PieceWriter(path: str, prefix: str) -> Any:  # noqa: N802 - a class built lazily (torch.distributed)
+def _piece_writer(path: str, prefix: str) -> Any:
     return _piece_writer_class()(path, prefix)
 
 
