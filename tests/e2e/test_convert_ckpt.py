@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fastgen_testing import run_cli, state_tensors, tiny_toy_config
+from fastgen_testing import assert_same_tree, run_cli, state_tensors, tiny_toy_config
 from multirank import fastgen
 from s3server import S3Server, s3_server  # noqa: F401 - s3_server is a fixture
 
@@ -20,21 +20,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:Us
 
 def without_layout(payload: dict) -> dict:
     return {key: value for key, value in payload.items() if key != "layout"}
-
-
-def assert_same(a: object, b: object, where: str = "checkpoint") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: {sorted(map(str, a))} vs {sorted(map(str, b))}"
-        for key in a:
-            assert_same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}.{i}")
-    else:
-        assert a == b, f"{where}: {a!r} vs {b!r}"
 
 
 def one_line_error(result, code: int, *fragments: str) -> None:
@@ -69,11 +54,11 @@ def test_a_2_rank_fsdp_checkpoint_converts_to_the_pth_load_checkpoint_assembles(
     converted = load_checkpoint(tmp_path / "full.pth")
     assert converted["layout"] == "monolithic" and reference["layout"] == "sharded"
     assert {"net", "ema"} <= set(converted["model"]) and converted["optimizers"]
-    assert_same(without_layout(reference), without_layout(converted))
+    assert_same_tree(without_layout(reference), without_layout(converted))
     # and back: the .pth as a sharded checkpoint again, in a checkpoints folder
     again = run_cli("convert-ckpt", str(tmp_path / "full.pth"), str(tmp_path / "resharded") + "/", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert_same(state_tensors(reference), state_tensors(load_checkpoint(tmp_path / "resharded" / "0000002.pth")))
+    assert_same_tree(state_tensors(reference), state_tensors(load_checkpoint(tmp_path / "resharded" / "0000002.pth")))
 
 
 def test_cli_round_trips_and_teacher_export(run_dir: Path, tmp_path: Path) -> None:
@@ -87,13 +72,13 @@ def test_cli_round_trips_and_teacher_export(run_dir: Path, tmp_path: Path) -> No
     for args in steps:
         result = run_cli(*args, cwd=tmp_path)
         assert result.returncode == 0, result.stderr
-    assert_same(source, load_checkpoint(tmp_path / "b.pth"))
+    assert_same_tree(source, load_checkpoint(tmp_path / "b.pth"))
     from safetensors.torch import load_file
 
     flat = load_file(tmp_path / "c.safetensors")
-    assert_same({f"{n}.{k}": t for n, state in source["model"].items() for k, t in state.items()}, flat)
+    assert_same_tree({f"{n}.{k}": t for n, state in source["model"].items() for k, t in state.items()}, flat)
     teacher = load_checkpoint(tmp_path / "teacher.pth")
-    assert_same({k: t.to(torch.bfloat16) for k, t in source["model"]["ema"].items()}, teacher["model"]["net"])
+    assert_same_tree({k: t.to(torch.bfloat16) for k, t in source["model"]["ema"].items()}, teacher["model"]["net"])
     # the old script is a shim of the same conversion
     import subprocess
     import sys
@@ -102,7 +87,7 @@ def test_cli_round_trips_and_teacher_export(run_dir: Path, tmp_path: Path) -> No
                            str(run_dir / "checkpoints" / "0000003.pth"), "--out", str(tmp_path / "shim.pth")],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert shim.returncode == 0, shim.stderr
-    assert_same(source["model"]["ema"], load_checkpoint(tmp_path / "shim.pth")["model"]["net"])
+    assert_same_tree(source["model"]["ema"], load_checkpoint(tmp_path / "shim.pth")["model"]["net"])
 
 
 def test_bad_input_is_one_line_with_its_exit_code_and_nothing_at_dst(run_dir: Path, tmp_path: Path) -> None:
@@ -153,8 +138,8 @@ def test_s3_source_and_destination(run_dir: Path, tmp_path: Path, s3_server: S3S
         Bucket=s3_server.bucket, Prefix=f"convert/{tmp_path.name}/sharded/")["Contents"]}
     prefix = f"convert/{tmp_path.name}/sharded/"
     assert f"{prefix}0000003.pth" in keys and f"{prefix}0000003/.metadata" in keys
-    assert_same(source, load_checkpoint(tmp_path / "back.pth"))
-    assert_same({**source, "layout": "sharded"}, load_checkpoint(tmp_path / "again.pth"))
+    assert_same_tree(source, load_checkpoint(tmp_path / "back.pth"))
+    assert_same_tree({**source, "layout": "sharded"}, load_checkpoint(tmp_path / "again.pth"))
     from fastgen.utils.s3 import S3Location, S3Storage, newest_valid_checkpoint, resolve_credentials
 
     storage = S3Storage(resolve_credentials(environ=env))

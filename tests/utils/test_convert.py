@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from fastgen_testing import state_tensors, tiny_toy_config
+from fastgen_testing import assert_same_tree, state_tensors, tiny_toy_config
 from s3server import S3Server, s3_server  # noqa: F401 - s3_server is a fixture
 
 from fastgen.trainer import Trainer
@@ -27,23 +27,6 @@ def trained(tmp_path: Path) -> Path:
     return trainer.run_dir / "checkpoints" / "0000003.pth"
 
 
-def assert_same(a: Any, b: Any, where: str = "checkpoint") -> None:
-    """Equal in everything: tensors bit for bit (dtype and shape too), every other value by ``==``."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), f"{where} differs"
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: {sorted(map(str, a))} vs {sorted(map(str, b))}"
-        for key in a:
-            assert_same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}.{i}")
-    else:
-        assert a == b, f"{where}: {a!r} vs {b!r}"
-
-
 def entries(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir()} if folder.exists() else set()
 
@@ -55,11 +38,11 @@ def test_pth_to_dcp_to_pth_round_trip_is_exact(trained: Path, tmp_path: Path, pi
     assert sharded.format == "dcp" and sharded.marker == str(tmp_path / "a.pth")
     assert torch.load(tmp_path / "a.pth", weights_only=True)["layout"] == "sharded"
     assert source["layout"] == "monolithic"
-    assert_same({**source, "layout": "sharded"}, load_checkpoint(tmp_path / "a.pth"))
+    assert_same_tree({**source, "layout": "sharded"}, load_checkpoint(tmp_path / "a.pth"))
     back = convert.convert_checkpoint(str(tmp_path / "a.dcp"), str(tmp_path / "b.pth"), piece_bytes=piece_bytes)
     assert back.format == "pth" and back.tensors == len(state_tensors(source))
-    assert_same(source, load_checkpoint(tmp_path / "b.pth"))
-    assert_same(source, torch.load(tmp_path / "b.pth", weights_only=True, mmap=True))  # a plain torch file
+    assert_same_tree(source, load_checkpoint(tmp_path / "b.pth"))
+    assert_same_tree(source, torch.load(tmp_path / "b.pth", weights_only=True, mmap=True))  # a plain torch file
 
 
 def test_pth_to_safetensors_round_trip_is_exact(trained: Path, tmp_path: Path) -> None:
@@ -71,11 +54,11 @@ def test_pth_to_safetensors_round_trip_is_exact(trained: Path, tmp_path: Path) -
     assert result.dropped[0] == "optimizers"
     flat = load_file(tmp_path / "w.safetensors")  # the safetensors package reads it
     expected = {f"{net}.{key}": tensor for net, state in source["model"].items() for key, tensor in state.items()}
-    assert_same(expected, flat)
+    assert_same_tree(expected, flat)
     with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as handle:
         assert handle.metadata()["iteration"] == "3"
     convert.convert_checkpoint(str(tmp_path / "w.safetensors"), str(tmp_path / "back.pth"))
-    assert_same(source["model"], load_checkpoint(tmp_path / "back.pth")["model"])
+    assert_same_tree(source["model"], load_checkpoint(tmp_path / "back.pth")["model"])
 
 
 def test_only_ema_is_a_teacher_file_for_teacher_ckpt_and_pretrained_ckpt_path(trained: Path, tmp_path: Path) -> None:
@@ -90,18 +73,18 @@ def test_only_ema_is_a_teacher_file_for_teacher_ckpt_and_pretrained_ckpt_path(tr
     teacher = load_checkpoint(tmp_path / "teacher.pth")
     assert list(teacher["model"]) == ["net"] and "optimizers" not in teacher
     assert teacher["source"] == "0000003.pth:ema (iteration 3)"
-    assert_same(ema, load_network_state(str(tmp_path / "teacher.pth")))  # what model.teacher_ckpt loads
+    assert_same_tree(ema, load_network_state(str(tmp_path / "teacher.pth")))  # what model.teacher_ckpt loads
     from fastgen.configs.instantiate import instantiate
 
     config = tiny_toy_config("fresh")
     model = instantiate(config.model_class, config=config.model)
     restore_modules(model, teacher, tmp_path / "teacher.pth", allow_missing=True)  # what pretrained_ckpt_path does
-    assert_same(ema, {k: v for k, v in model.net.state_dict().items()})
+    assert_same_tree(ema, {k: v for k, v in model.net.state_dict().items()})
     # the same network as a bare safetensors state dict
     convert.convert_checkpoint(str(trained), str(tmp_path / "teacher.safetensors"), only="ema")
     from safetensors.torch import load_file
 
-    assert_same(ema, load_file(tmp_path / "teacher.safetensors"))
+    assert_same_tree(ema, load_file(tmp_path / "teacher.safetensors"))
 
 
 def test_dtype_casts_network_weights_and_keeps_optimizer_state(trained: Path, tmp_path: Path) -> None:
@@ -112,7 +95,7 @@ def test_dtype_casts_network_weights_and_keeps_optimizer_state(trained: Path, tm
         for key, tensor in state.items():
             assert half["model"][net][key].dtype == torch.bfloat16
             assert torch.equal(half["model"][net][key], tensor.to(torch.bfloat16))
-    assert_same(source["optimizers"], half["optimizers"])
+    assert_same_tree(source["optimizers"], half["optimizers"])
 
 
 def test_pieces_stay_within_the_piece_size(trained: Path) -> None:
@@ -187,7 +170,7 @@ def test_a_bare_state_dict_is_the_weights_of_net(tmp_path: Path) -> None:
     torch.save(state, tmp_path / "bare.pth")
     result = convert.convert_checkpoint(str(tmp_path / "bare.pth"), str(tmp_path / "c.dcp"))
     assert result.networks == ["net"]
-    assert_same(state, load_checkpoint(tmp_path / "c.pth")["model"]["net"])
+    assert_same_tree(state, load_checkpoint(tmp_path / "c.pth")["model"]["net"])
 
 
 def test_a_folder_destination_gets_the_iteration_name(trained: Path, tmp_path: Path) -> None:
