@@ -70,7 +70,7 @@ def convert_ckpt(
     from rich.markup import escape
 
     c = out()
-    c.print(f"[bold green]converted[/bold green] {escape(result.source)} (iteration {result.iteration}) -> "
+    c.print(f"[bold green]converted[/bold green] {escape(result.source)} ({result.source_kind}, iteration {result.iteration}) -> "
             f"{escape(result.destination)} ({result.format}, {result.tensors} tensors, "
             f"{result.bytes / 2**20:.1f} MiB, {elapsed:.1f} s)", soft_wrap=True)
     c.print(f"  networks  {', '.join(result.networks)}" + (f" (--only {only})" if only else ""), soft_wrap=True)

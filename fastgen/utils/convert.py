@@ -133,6 +133,7 @@ class ConversionResult:
     """What ``convert_checkpoint`` wrote."""
 
     source: str
+    source_kind: str  # monolithic, sharded or safetensors
     destination: str
     marker: str | None  # the marker of a DCP output
     format: str
@@ -793,7 +794,7 @@ def convert_checkpoint(src: str, dst: str, to: str | None = None, only: str | No
             _upload(storage, destination)
     logger.info("converted %s to %s (%s, %d tensors)", source.description, destination.describe(), fmt, len(leaves))
     return ConversionResult(
-        source=source.description, destination=destination.describe(),
+        source=source.description, source_kind=source.kind, destination=destination.describe(),
         marker=str(destination.remote_marker or destination.marker) if fmt == "dcp" else None, format=fmt,
         iteration=iteration, networks=["net"] if only else networks, tensors=len(leaves),
         bytes=sum(leaf.output_spec.nbytes for leaf in leaves), dropped=dropped)

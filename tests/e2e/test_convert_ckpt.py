@@ -55,6 +55,12 @@ def test_a_2_rank_fsdp_checkpoint_converts_to_the_pth_load_checkpoint_assembles(
     assert converted["layout"] == "monolithic" and reference["layout"] == "sharded"
     assert {"net", "ema"} <= set(converted["model"]) and converted["optimizers"]
     assert_same_tree(without_layout(reference), without_layout(converted))
+    # one network straight from the shards: a teacher file
+    teacher = run_cli("convert-ckpt", str(marker), str(tmp_path / "teacher.safetensors"), "--only", "ema", cwd=tmp_path)
+    assert teacher.returncode == 0, teacher.stderr
+    from safetensors.torch import load_file
+
+    assert_same_tree(reference["model"]["ema"], load_file(tmp_path / "teacher.safetensors"))
     # and back: the .pth as a sharded checkpoint again, in a checkpoints folder
     again = run_cli("convert-ckpt", str(tmp_path / "full.pth"), str(tmp_path / "resharded") + "/", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
