@@ -987,16 +987,6 @@ def _specs_in_sections(payload: dict[str, Any]) -> dict[str, Any]:
     return {key: swap(value, key in SECTIONS) for key, value in payload.items()}
 
 
-def _replace_specs(tree: Any, make: Callable[[TreePath, TensorSpec], Any], prefix: TreePath = ()) -> Any:
-    if isinstance(tree, TensorSpec):
-        return make(prefix, tree)
-    if isinstance(tree, dict):
-        return {key: _replace_specs(value, make, (*prefix, key)) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [_replace_specs(value, make, (*prefix, index)) for index, value in enumerate(tree)]
-    return tree
-
-
 def _get(tree: Any, path: TreePath) -> Any:
     for key in path:
         tree = tree[key]
