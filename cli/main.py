@@ -18,6 +18,7 @@ os.environ.setdefault("TYPER_USE_RICH", "0")
 import typer  # noqa: E402
 
 from fastgen.cli import check_ranks as check_ranks_cmd  # noqa: E402
+from fastgen.cli import convert_ckpt as convert_ckpt_cmd  # noqa: E402
 from fastgen.cli import download_data as download_data_cmd  # noqa: E402
 from fastgen.cli import dryrun as dryrun_cmd  # noqa: E402
 from fastgen.cli import env as env_cmd  # noqa: E402
@@ -61,6 +62,7 @@ profile_memory_cmd.register(app)
 sample_cmd.register(app)
 eval_cmd.register(app)
 check_ranks_cmd.register(app)
+convert_ckpt_cmd.register(app)
 download_data_cmd.register(app)
 
 

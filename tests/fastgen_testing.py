@@ -103,28 +103,30 @@ def assert_same_weights(path_a: Path, path_b: Path) -> None:
         assert torch.equal(a[key], b[key]), f"{key} differs"
 
 
+def assert_same_tree(a: Any, b: Any, where: str = "checkpoint") -> None:
+    """Two nested structures are identical: tensors bit for bit (with dtype and shape), every other value by ``==``."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), f"{where}: tensor vs {type(b).__name__}"
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}"
+        assert torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
+        for key in a:
+            assert_same_tree(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), f"{where}: {a!r} vs {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_tree(x, y, f"{where}.{i}")
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
 def assert_same_checkpoint(path_a: Path, path_b: Path) -> None:
     """Two checkpoints are identical in everything they hold: every module, optimizer and scheduler state, every
     random stream, the callbacks' and data loaders' state (tensors bit for bit, with dtype and shape)."""
     from fastgen.utils.checkpointer import load_checkpoint
 
-    def same(where: str, a: Any, b: Any) -> None:
-        if isinstance(a, torch.Tensor):
-            assert isinstance(b, torch.Tensor), f"{where}: tensor vs {type(b).__name__}"
-            assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}"
-            assert torch.equal(a, b), f"{where} differs"
-        elif isinstance(a, dict):
-            assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
-            for key in a:
-                same(f"{where}.{key}", a[key], b[key])
-        elif isinstance(a, (list, tuple)):
-            assert type(a) is type(b) and len(a) == len(b), f"{where}: {a!r} vs {b!r}"
-            for i, (x, y) in enumerate(zip(a, b)):
-                same(f"{where}.{i}", x, y)
-        else:
-            assert a == b, f"{where}: {a!r} vs {b!r}"
-
-    same("checkpoint", load_checkpoint(path_a), load_checkpoint(path_b))
+    assert_same_tree(load_checkpoint(path_a), load_checkpoint(path_b))
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -4,7 +4,7 @@ The teacher (``fastgen/assets/digits_teacher.pth``) is the EMA network of ``Digi
 for 4,000 iterations; reproduce it with::
 
     fastgen train --config Digits/config_sft_digits - trainer.max_iter=4000 log_config.name=teacher
-    python scripts/export_teacher.py FASTGEN_OUTPUT/fastgen/digits/teacher/checkpoints/0004000.pth
+    fastgen convert-ckpt FASTGEN_OUTPUT/fastgen/digits/teacher/checkpoints/0004000.pth teacher.pth --only ema
 
 The student and the fake score start as copies of the teacher; the fake score and the GAN head (on the frozen
 teacher's bottleneck features, as the reference implementation attaches it; trained on real digits) take four

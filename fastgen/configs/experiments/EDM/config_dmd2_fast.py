@@ -13,9 +13,8 @@ to ``./data``; it is read when the config is created, so ``config.yaml`` keeps t
 training the matching teacher recipe and exporting its EMA network::
 
     fastgen train --config EDM/config_sft_cifar10
-    python scripts/export_teacher.py \\
-        FASTGEN_OUTPUT/fastgen/cifar10/config_sft_cifar10/checkpoints/0390625.pth \\
-        --out "${DATA_ROOT_DIR:-./data}/cifar10/edm_teacher.pth"
+    fastgen convert-ckpt FASTGEN_OUTPUT/fastgen/cifar10/config_sft_cifar10 \\
+        "${DATA_ROOT_DIR:-./data}/cifar10/edm_teacher.pth" --only ema
 
 (``model.teacher_ckpt`` may also point straight at a fastgen checkpoint: its first EMA network is used.) Any
 teacher with this architecture and EDM preconditioning works. ``model.teacher_ckpt=null`` distills a randomly

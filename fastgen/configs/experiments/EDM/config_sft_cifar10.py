@@ -21,9 +21,8 @@ The GPU memory and throughput of these defaults have not been measured in this p
 Train it and export its EMA network as the distillation teacher::
 
     fastgen train --config EDM/config_sft_cifar10
-    python scripts/export_teacher.py \\
-        FASTGEN_OUTPUT/fastgen/cifar10/config_sft_cifar10/checkpoints/0390625.pth \\
-        --out "${DATA_ROOT_DIR:-./data}/cifar10/edm_teacher.pth"
+    fastgen convert-ckpt FASTGEN_OUTPUT/fastgen/cifar10/config_sft_cifar10 \\
+        "${DATA_ROOT_DIR:-./data}/cifar10/edm_teacher.pth" --only ema
 """
 
 from __future__ import annotations
