@@ -143,7 +143,7 @@ class Trainer:
         self.accum_rounds = 1
         self.stepping: list[str] = []
         self.exception: BaseException | None = None
-        self.last_checkpoint: Path | None = None
+        self.last_checkpoint: str | None = None
         self._created_output_dir: Path | None = None  # set on rank 0 by prepare_run_dir
         self.last_sample_path: Path | None = None
         self.dataloader_train: Any = None
@@ -151,9 +151,12 @@ class Trainer:
         self._skip_reason: str | None = None
         self._stop_signal: int | None = None
         self._scalars: dict[str, Any] = {}
+        log = config.log_config
         self.checkpoints = CheckpointManager(config.trainer.checkpointer, self.run_dir,
-                                             sharded=bool(config.trainer.fsdp), seed=config.trainer.seed)
-        self.checkpointer = self.checkpoints.files  # naming and discovery (``path_for``, ``list``, ``latest``)
+                                             sharded=bool(config.trainer.fsdp), seed=config.trainer.seed,
+                                             run_prefix=f"{log.project}/{log.group}/{log.name or 'unnamed'}",
+                                             credentials_dir=config.credentials_dir)
+        self.checkpointer = self.checkpoints.files  # local naming and discovery (``path_for``...); None on S3
         self.callbacks = CallbackDict()
         for name, node in config.trainer.callbacks.items():
             try:
@@ -260,9 +263,9 @@ class Trainer:
         if dist_utils.is_rank0():
             self._created_output_dir = outermost_missing_folder(self.run_dir)
             check_writable_dir(self.run_dir)
-            check_writable_dir(self.checkpoints.save_dir)
+            self.checkpoints.prepare()
             logger.debug("run directory %s (%s); checkpoints in %s", self.run_dir.resolve(),
-                         "new" if self._created_output_dir is not None else "exists", self.checkpoints.save_dir)
+                         "new" if self._created_output_dir is not None else "exists", self.checkpoints.location)
         dist_utils.barrier()
 
     def _write_config_yaml(self) -> None:
@@ -371,25 +374,26 @@ class Trainer:
         logger.info("initialised weights from %s", path)
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
-    def _choose_checkpoint(self) -> Path | None:
+    def _choose_checkpoint(self) -> str | None:
         """The checkpoint to resume from (``None``: a fresh run). Rank 0 looks and every rank gets its answer, so
-        all ranks resume from the same file even while another run writes into the folder."""
-        choice: Path | None = None
+        all ranks resume from the same file even while another run writes into the folder. A listing that fails
+        (an unreachable bucket) raises: a run never starts fresh because it could not see its checkpoints."""
+        choice: str | None = None
         if dist_utils.is_rank0():
             latest = self.checkpoints.latest() if self.config.trainer.resume else None
             if not self.config.trainer.resume:
                 logger.debug("trainer.resume=False: starting fresh, checkpoints in %s are ignored",
-                             self.checkpoints.save_dir)
+                             self.checkpoints.location)
             elif latest is None:
-                logger.debug("no valid checkpoint in %s: starting fresh", self.checkpoints.save_dir)
+                logger.debug("no valid checkpoint in %s: starting fresh", self.checkpoints.location)
             else:
-                logger.debug("resuming from %s: the newest of %d valid checkpoint(s) in %s", latest.name,
-                             len(self.checkpoints.list()), self.checkpoints.save_dir)
+                logger.debug("resuming from %s: the newest of %d valid checkpoint(s) in %s", Path(latest).name,
+                             len(self.checkpoints.list()), self.checkpoints.location)
             choice = latest
-        chosen = dist_utils.broadcast_object(None if choice is None else str(choice))
-        return None if chosen is None else Path(str(chosen))
+        chosen = dist_utils.broadcast_object(choice)
+        return None if chosen is None else str(chosen)
 
-    def _load_checkpoint(self, model: Any, latest: Path | None) -> tuple[str | None, dict[str, Any] | None]:
+    def _load_checkpoint(self, model: Any, latest: str | None) -> tuple[str | None, dict[str, Any] | None]:
         if latest is not None:
             payload = self.checkpoints.load(latest, self._training_state(model))
             self.iteration = self.start_iteration = int(payload["iteration"])

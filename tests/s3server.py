@@ -3,9 +3,7 @@ mode, on loopback only, with one access key, stopped by its PID when the test se
 
 Use::
 
-    from s3server import s3_server  # noqa: F401  (the session fixture: started once, on first use)
-
-    def test_something(s3_server):
+    def test_something(s3_server):    # the session fixture (tests/conftest.py imports it): started on first use
         s3_server.endpoint_url, s3_server.bucket, s3_server.access_key_id, s3_server.secret_access_key
         s3_server.write_credentials(folder)   # folder/s3.json, as a run's credentials_dir holds it
         s3_server.environment()               # the AWS_* variables, for a subprocess

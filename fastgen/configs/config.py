@@ -85,6 +85,9 @@ class CheckpointerConfig(StrictConfig):
     """Checkpoint storage. A relative ``save_dir`` lives in the run directory (or in ``s3_container``)."""
 
     save_dir: str = "checkpoints"
+    # Keep checkpoints in S3 under s3://<s3_container>/<project>/<group>/<name>/<save_dir> (s3_container is
+    # "bucket/prefix"; credentials from credentials_dir/s3.json or AWS_* variables). An s3:// save_dir is used as
+    # it is. See fastgen/utils/checkpoint_store.py.
     use_s3: bool = False
     s3_container: Optional[str] = None
     # Weights to start a *new* run from (e.g. a teacher, or a monolithic checkpoint for an FSDP run).

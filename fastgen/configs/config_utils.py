@@ -460,9 +460,6 @@ NOT_BUILT: tuple[tuple[str, object, str], ...] = (
     ("model.torch_compile_mode", None, "leave it null (eager)"),
     ("model.pretrained_model_path", None, "start from weights with trainer.checkpointer.pretrained_ckpt_path or a "
                                           "distillation method's model.teacher_ckpt"),
-    ("trainer.checkpointer.use_s3", False, "keep checkpoints on local or shared storage (trainer.checkpointer."
-                                           "save_dir)"),
-    ("trainer.checkpointer.s3_container", None, "keep checkpoints on local or shared storage"),
 )
 
 

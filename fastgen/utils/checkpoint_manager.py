@@ -35,6 +35,11 @@ resume at another world size: model and optimizer states are exact, the data loa
 number of samples its epoch has consumed (no sample repeated or skipped), and each new rank's random streams are
 derived from ``(trainer.seed, iteration, rank)``. A resume is bit-exact only at the same world size.
 
+**Where.** A folder (local or shared storage) or, with ``use_s3`` / an ``s3://`` ``save_dir``, an S3 prefix: the
+same names and the same marker rule in both (``fastgen.utils.checkpoint_store``; DCP on S3 through
+``fastgen.utils.s3``'s storage writer / reader). ``fastgen convert-ckpt`` turns either format into the other, or into
+one ``.pth`` / ``.safetensors`` file to publish.
+
 DCP folders are read with ``weights_only`` loading of their non-tensor entries and a metadata unpickler that
 accepts only DCP's own classes (``SafeFileSystemReader``), as every other checkpoint here is loaded.
 """
@@ -43,25 +48,24 @@ from __future__ import annotations
 
 import io
 import pickle
-import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint import (
+    CheckpointException,
+    DefaultLoadPlanner,
+    FileSystemReader,
+)
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 
 from fastgen.utils import distributed as dist_utils
-from fastgen.utils.checkpointer import (
-    FORMAT,
-    Checkpointer,
-    CorruptCheckpointError,
-    load_checkpoint,
-)
+from fastgen.utils.checkpoint_store import torch_save_to
+from fastgen.utils.checkpointer import FORMAT, CorruptCheckpointError
 from fastgen.utils.errors import CheckpointError
 from fastgen.utils.logging import get_logger
 from fastgen.utils.parallelize import (
@@ -99,9 +103,14 @@ def derived_seed(seed: int, iteration: int, rank: int) -> int:
 class CheckpointManager:
     """Save and restore a run's ``TrainingState`` in the format its parallelism needs (module docstring)."""
 
-    def __init__(self, checkpointer_config: Any, run_dir: Path, sharded: bool, seed: int = 0) -> None:
-        self.files = Checkpointer(checkpointer_config.save_dir, run_dir, checkpointer_config.keep_last_n)
-        self.save_dir = self.files.save_dir
+    def __init__(self, checkpointer_config: Any, run_dir: Path, sharded: bool, seed: int = 0, run_prefix: str = "",
+                 credentials_dir: str | None = None) -> None:
+        from fastgen.utils.checkpoint_store import LocalStore, checkpoint_store
+
+        self.store = checkpoint_store(checkpointer_config, run_dir, run_prefix, credentials_dir)
+        self.location = self.store.location
+        # the local folder's naming and discovery (``path_for``...), for tools and tests; None on S3
+        self.files = self.store.files if isinstance(self.store, LocalStore) else None
         self.layout = SHARDED if sharded else MONOLITHIC
         self.async_save = bool(getattr(checkpointer_config, "async_save", False))
         self.pretrained = checkpointer_config.pretrained_ckpt_path
@@ -110,15 +119,21 @@ class CheckpointManager:
         self._async_group: Any = None
 
     # ---- discovery -------------------------------------------------------------------------------------------
-    def list(self) -> list[tuple[int, Path]]:
-        return self.files.list()
+    def list(self) -> list[tuple[int, str]]:
+        """Valid checkpoints as ``(iteration, marker)``, oldest first (a listing error raises)."""
+        return self.store.list()
 
-    def latest(self) -> Path | None:
-        return self.files.latest()
+    def latest(self) -> str | None:
+        found = self.store.list()
+        return found[-1][1] if found else None
 
-    def check_layout(self, marker: Path) -> None:
+    def prepare(self) -> None:
+        """Rank 0, before training: the folder is writable, or the bucket answers with these credentials."""
+        self.store.prepare()
+
+    def check_layout(self, marker: str) -> None:
         """Refuse to resume from a checkpoint of the other format (the module docstring's rule)."""
-        found = layout_of(marker)
+        found = SHARDED if self.store.is_sharded(marker) else MONOLITHIC
         if found != self.layout:
             run = "an FSDP run" if self.layout == SHARDED else "a run without trainer.fsdp"
             raise CheckpointError(
@@ -126,7 +141,7 @@ class CheckpointManager:
                 f"log_config.name) from its weights with - trainer.checkpointer.pretrained_ckpt_path={marker}")
 
     # ---- saving ----------------------------------------------------------------------------------------------
-    def save(self, state: TrainingState) -> Path:
+    def save(self, state: TrainingState) -> str:
         """Save ``state`` (a collective: every rank calls it). Returns the marker's path; with ``async_save`` the
         write may still be in flight (``wait``)."""
         self.wait()
@@ -137,7 +152,7 @@ class CheckpointManager:
             "schedulers": {name: s.state_dict() for name, s in state.model.scheduler_dict.items()},
             **ranks,
         }
-        marker = self.files.path_for(state.iteration)
+        marker = self.store.marker(state.iteration)
         if self.layout == SHARDED:
             self._save_sharded(state, extras, marker)
         else:
@@ -191,11 +206,12 @@ class CheckpointManager:
         if self.async_save:
             if dist_utils.is_rank0():
                 payload = _host_copy(payload)
-            self._pending = _PendingSave(self, marker, writer=lambda: self.files.save(payload, state.iteration))
+            self._pending = _PendingSave(self, marker, writer=lambda: self.store.write(state.iteration,
+                                                                                         torch_save_to(payload)))
             return
-        self._finish_monolithic(marker, lambda: self.files.save(payload, state.iteration))
+        self._finish_monolithic(marker, lambda: self.store.write(state.iteration, torch_save_to(payload)))
 
-    def _finish_monolithic(self, marker: Path, write: Any) -> None:
+    def _finish_monolithic(self, marker: str, write: Any) -> None:
         error = None
         if dist_utils.is_rank0():
             try:
@@ -206,33 +222,31 @@ class CheckpointManager:
             raise CheckpointError(f"saving checkpoint {marker} failed"
                                   + (f": {error}" if error is not None else " on rank 0")) from error
 
-    def _save_sharded(self, state: TrainingState, extras: dict[str, Any], marker: Path) -> None:
+    def _save_sharded(self, state: TrainingState, extras: dict[str, Any], marker: str) -> None:
         import torch.distributed.checkpoint as dcp
 
-        folder = dcp_folder(marker)
-        if dist_utils.is_rank0():
-            self._remove_incomplete(keep=folder)
-            if folder.exists():  # an earlier attempt at this iteration that never got its marker
-                shutil.rmtree(folder)
+        folder = self.store.folder(marker)
+        if dist_utils.is_rank0():  # folders without a marker (crashed saves; an earlier attempt at this one) go
+            self.store.prepare_folder(marker)
         dist_utils.barrier()
         tensors = sharded_state(state.model)
-        writer = dcp.FileSystemWriter(str(folder), single_file_per_rank=True, sync_files=True)
+        writer = self.store.dcp_writer(marker)
         if self.async_save:
             future = dcp.async_save(tensors, storage_writer=writer, process_group=self._group_for_async())
             self._pending = _PendingSave(self, marker, future=future, extras=extras)
             return
         try:
             dcp.save(tensors, storage_writer=writer)
-        except _SAVE_ERRORS as exc:  # noqa: BLE001 - DCP raises on every rank when any rank failed
+        except _SAVE_ERRORS as exc:
             raise CheckpointError(f"saving sharded checkpoint {folder} failed: {_first_line(exc)}") from None
         self._write_marker(marker, extras)
 
-    def _write_marker(self, marker: Path, extras: dict[str, Any]) -> None:
+    def _write_marker(self, marker: str, extras: dict[str, Any]) -> None:
         """Rank 0 writes the marker after every rank's shards are on disk; then older checkpoints are pruned."""
         ok = True
         if dist_utils.is_rank0():
             try:
-                self.files.save(extras, int(extras["iteration"]))
+                self.store.write(int(extras["iteration"]), torch_save_to(extras))
             except Exception as exc:  # noqa: BLE001
                 logger.error("writing checkpoint marker %s failed: %s", marker, exc)
                 ok = False
@@ -245,30 +259,33 @@ class CheckpointManager:
             self._async_group = torch.distributed.new_group(backend="gloo")
         return self._async_group
 
-    def _remove_incomplete(self, keep: Path) -> None:
-        """Remove ``.dcp`` folders whose marker is missing (a crash during a save), except ``keep``."""
-        if not self.save_dir.is_dir():
-            return
-        for entry in self.save_dir.glob("*.dcp"):
-            if entry != keep and entry.is_dir() and not entry.with_suffix(".pth").exists():
-                shutil.rmtree(entry, ignore_errors=True)
-
     # ---- loading ---------------------------------------------------------------------------------------------
-    def load(self, marker: Path, state: TrainingState) -> dict[str, Any]:
+    def load(self, marker: str, state: TrainingState) -> dict[str, Any]:
         """Restore ``state`` from ``marker`` (every rank) and return the marker's payload (without tensors of
         the networks), whose per-rank entries ``restore_rank_state`` applies once the loaders exist."""
         self.check_layout(marker)
         if self.layout == SHARDED:
-            payload = _load_marker(marker, self.files)
-            load_sharded(dcp_folder(marker), state.model)
+            payload = self._read_marker(marker)
+            load_sharded(self.store.dcp_reader(marker), state.model, self.store.folder(marker))
             restore_non_tensor_state(state.model, payload, marker)
         else:
             try:
-                payload = load_checkpoint(marker)
+                payload = self.store.read(marker, whole=True)
             except CorruptCheckpointError as exc:
-                raise CorruptCheckpointError(exc.path, exc.reason, self.files.previous_complete(marker)) from None
+                previous = self.store.previous_complete(marker)
+                raise CorruptCheckpointError(exc.path, exc.reason, None if previous is None else Path(previous)) from None
             restore_full_state(state.model, payload, marker)
         state.callbacks.load_state_dict(rank_entry(payload, "callbacks") or {})
+        return payload
+
+    def _read_marker(self, marker: str) -> dict[str, Any]:
+        try:
+            payload = self.store.read(marker, whole=False)
+        except CorruptCheckpointError as exc:
+            previous = self.store.previous_complete(marker)
+            raise CorruptCheckpointError(exc.path, exc.reason, None if previous is None else Path(previous)) from None
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT or payload.get("layout") != SHARDED:
+            raise CheckpointError(f"{marker} is not the marker of a fastgen sharded checkpoint")
         return payload
 
     def restore_rank_state(self, payload: dict[str, Any], state: TrainingState) -> None:
@@ -290,7 +307,7 @@ class CheckpointManager:
 class _PendingSave:
     """A save in flight: DCP's future (sharded) or a writer thread (monolithic)."""
 
-    def __init__(self, manager: CheckpointManager, marker: Path, future: Any = None, extras: Any = None,
+    def __init__(self, manager: CheckpointManager, marker: str, future: Any = None, extras: Any = None,
                  writer: Any = None) -> None:
         self.manager, self.marker, self.future, self.extras = manager, marker, future, extras
         self.error: BaseException | None = None
@@ -308,10 +325,10 @@ class _PendingSave:
         if self.future is not None:
             try:
                 self.future.result()
-            except _SAVE_ERRORS as exc:  # noqa: BLE001
+            except _SAVE_ERRORS as exc:
                 self.error = exc
             if dist_utils.any_rank(self.error is not None):
-                raise CheckpointError(f"saving sharded checkpoint {dcp_folder(self.marker)} failed"
+                raise CheckpointError(f"saving sharded checkpoint {self.manager.store.folder(self.marker)} failed"
                                       + (f": {_first_line(self.error)}" if self.error else " on another rank"))
             self.manager._write_marker(self.marker, self.extras)
             return
@@ -324,12 +341,8 @@ class _PendingSave:
 
 # ---- formats -------------------------------------------------------------------------------------------------------
 def dcp_folder(marker: Path) -> Path:
+    """The DCP folder of a (local) sharded checkpoint's marker."""
     return Path(marker).with_suffix(".dcp")
-
-
-def layout_of(marker: Path) -> str:
-    """``sharded`` when the marker's DCP folder exists beside it, else ``monolithic`` (no file is read)."""
-    return SHARDED if (dcp_folder(marker) / ".metadata").is_file() else MONOLITHIC
 
 
 def sharded_state(model: Any) -> dict[str, Any]:
@@ -347,8 +360,9 @@ def sharded_state(model: Any) -> dict[str, Any]:
     }
 
 
-def load_sharded(folder: Path, model: Any) -> None:
-    """Read a DCP folder into the model's (sharded or plain) networks and optimizers, resharding as needed."""
+def load_sharded(reader: Any, model: Any, folder: str) -> None:
+    """Read a DCP folder (through ``reader``) into the model's (sharded or plain) networks and optimizers,
+    resharding as needed."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -358,8 +372,8 @@ def load_sharded(folder: Path, model: Any) -> None:
 
     state = sharded_state(model)
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeLoadPlanner())
-    except _SAVE_ERRORS as exc:  # noqa: BLE001 - missing keys, wrong shapes, unreadable files
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
+    except _SAVE_ERRORS as exc:
         raise CheckpointError(f"sharded checkpoint {folder} does not load into this model: {_first_line(exc)}") from None
     trained = model.trainable_modules
     for name, module in model.model_dict.items():
@@ -433,16 +447,6 @@ def rank_entry(payload: dict[str, Any], key: str) -> Any:
     return every.get(dist_utils.get_rank(), every[min(every)])
 
 
-def _load_marker(marker: Path, files: Checkpointer) -> dict[str, Any]:
-    try:
-        payload = torch.load(marker, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001
-        raise CorruptCheckpointError(marker, _first_line(exc), files.previous_complete(marker)) from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT or payload.get("layout") != SHARDED:
-        raise CheckpointError(f"{marker} is not the marker of a fastgen sharded checkpoint")
-    return payload
-
-
 def read_sharded_as_full(folder: Path) -> dict[str, Any]:
     """The tensors of a DCP folder assembled in this process (no process group): ``{"model": {net: state},
     "optimizers": {...}}`` with full tensors. For tools that need whole networks (sampling, conversion,
@@ -453,7 +457,7 @@ def read_sharded_as_full(folder: Path) -> dict[str, Any]:
     try:
         _load_state_dict(state, storage_reader=SafeFileSystemReader(str(folder)), planner=_SafeWholeLoadPlanner(),
                          no_dist=True)
-    except _SAVE_ERRORS as exc:  # noqa: BLE001
+    except _SAVE_ERRORS as exc:
         raise CheckpointError(f"sharded checkpoint {folder} cannot be read: {_first_line(exc)}") from None
     return state
 

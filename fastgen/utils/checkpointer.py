@@ -34,7 +34,8 @@ need whole networks: sampling, evaluation, teachers, ``pretrained_ckpt_path``.
 **Safety.** Files load with ``torch.load(weights_only=True)``; DCP folders with an allowlisting unpickler for
 their metadata and ``weights_only`` for their non-tensor entries: a checkpoint cannot execute code. A truncated
 or corrupt file raises ``CheckpointError`` naming the file and what to do. A relative ``save_dir`` lives inside
-the run directory.
+the run directory, or with ``use_s3=True`` under ``s3://<s3_container>/<project>/<group>/<name>/``
+(``fastgen.utils.checkpoint_store``: the same names there; objects appear whole, the marker last).
 """
 
 from __future__ import annotations
@@ -110,9 +111,13 @@ class Checkpointer:
         return found[-1][1] if found else None
 
     def save(self, payload: dict[str, Any], iteration: int) -> Path:
+        return self.save_with(lambda handle: torch.save(payload, handle), iteration)
+
+    def save_with(self, writer: Any, iteration: int) -> Path:
+        """Write ``{iteration:07d}.pth`` atomically with ``writer(file)``; then apply ``keep_last_n``."""
         path = self.path_for(iteration)
         self._remove_stale_temporaries()
-        atomic_write_with(path, lambda handle: torch.save(payload, handle))
+        atomic_write_with(path, writer)
         if self.keep_last_n is not None:
             for _, old in self.list()[: -self.keep_last_n]:
                 old.unlink(missing_ok=True)  # the marker first: its folder is invalid from here on

@@ -87,7 +87,6 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 SECTIONS = ("model", "optimizers")  # the parts of a checkpoint whose tensors are streamed
 PIECE_BYTES = 64 << 20
 _SUFFIX_FORMAT = {".pth": "pth", ".pt": "pth", ".safetensors": "safetensors", ".dcp": "dcp"}
-_ITERATION_NAME = re.compile(r"^\d{7,}$")
 _SAFETENSORS_DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -857,7 +856,7 @@ def _is_s3(text: str) -> bool:
 
 
 def _fetch_s3_source(storage: Any, src: str, scratch: Path) -> tuple[Path, str]:
-    """Download the checkpoint SRC names (an object, a ``NNNNNNN`` DCP folder or a prefix's newest valid
+    """Download the checkpoint SRC names (an object, a ``NNNNNNN.dcp`` DCP folder or a prefix's newest valid
     checkpoint) to ``scratch``; return the local path and the URL for messages."""
     from fastgen.utils.s3 import S3Location, checkpoint_folder, newest_valid_checkpoint
 
@@ -868,10 +867,10 @@ def _fetch_s3_source(storage: Any, src: str, scratch: Path) -> tuple[Path, str]:
         return _download(storage, location, scratch / name), location.url
     if name.endswith(".pth"):
         marker = location
-        folder = S3Location(location.bucket, location.key[: -len(".pth")])
-    elif _ITERATION_NAME.match(name) or name.endswith(".dcp"):
-        folder = S3Location(location.bucket, location.key[: -len(".dcp")] if name.endswith(".dcp") else location.key)
-        marker = S3Location(folder.bucket, folder.key + ".pth")
+        folder = S3Location(location.bucket, location.key[: -len(".pth")] + ".dcp")
+    elif name.endswith(".dcp"):
+        folder = location
+        marker = S3Location(folder.bucket, folder.key[: -len(".dcp")] + ".pth")
     else:
         found = newest_valid_checkpoint(storage, location)
         if found is None:
@@ -898,8 +897,8 @@ def _download(storage: Any, location: Any, path: Path) -> Path:
 
 
 def _s3_destination(storage: Any, dst: str, fmt: str, iteration: int, scratch: Path) -> Destination:
-    """Local staging paths and the objects they become. A DCP output on S3 follows the S3 checkpoint layout: the
-    folder ``NNNNNNN`` (``.dcp`` stripped) beside ``NNNNNNN.pth``."""
+    """Local staging paths and the objects they become. A DCP output on S3 has the local layout: the folder
+    ``NNNNNNN.dcp`` beside its marker ``NNNNNNN.pth``."""
     from fastgen.utils.s3 import S3Location
 
     location = S3Location.parse(dst)
@@ -910,7 +909,7 @@ def _s3_destination(storage: Any, dst: str, fmt: str, iteration: int, scratch: P
     scratch.mkdir(parents=True, exist_ok=True)
     if fmt == "dcp":
         assert marker_name is not None
-        remote = parent.child(Path(file_name).stem)
+        remote = parent.child(f"{Path(file_name).stem}.dcp")
         remote_marker = parent.child(marker_name)
         if storage.exists(remote_marker) or storage.list_keys(remote):
             raise UsageError(f"{remote_marker} or {remote}/ exists: convert-ckpt never overwrites; choose a new destination")

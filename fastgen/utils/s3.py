@@ -3,7 +3,7 @@
 **Locations.** ``S3Location.parse("s3://bucket/prefix/...")`` and ``S3Location.from_container("bucket/prefix")``
 (the config's ``trainer.checkpointer.s3_container``) give a ``(bucket, key)`` pair. A key names an object or,
 used as a folder, every key below ``key + "/"``: folder operations always add the slash, so deleting checkpoint
-``1000000/`` never touches ``10000000/``.
+``1000000.dcp/`` never touches ``10000000.dcp/``.
 
 **Credentials** (``resolve_credentials``). The key set - ``aws_access_key_id``, ``aws_secret_access_key``,
 ``aws_session_token`` - comes from one source, never mixed: ``credentials_dir/s3.json`` when it sets
@@ -34,7 +34,7 @@ A listing never reports "nothing there" because it failed: any error raises, so 
 start at iteration 0 because the bucket could not be read.
 
 **Checkpoint layout** (the same names as local checkpoints, see ``fastgen.utils.checkpointer``): under a prefix,
-``{iteration:07d}.pth`` is either the whole (monolithic) checkpoint or, next to a DCP folder ``{iteration:07d}/``,
+``{iteration:07d}.pth`` is either the whole (monolithic) checkpoint or, next to a DCP folder ``{iteration:07d}.dcp/``,
 the marker written after every rank finished. A checkpoint is valid when its ``.pth`` object exists; a folder
 without its marker is an incomplete save. ``scan_checkpoints`` / ``newest_valid_checkpoint`` list one level under
 the prefix; ``delete_checkpoint`` removes the marker first, then the folder, so an interrupted delete never leaves
@@ -87,7 +87,7 @@ SCHEME = "s3://"
 METADATA_NAME = ".metadata"  # DCP's metadata file (torch.distributed.checkpoint.filesystem._metadata_fn)
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _MARKER = re.compile(r"^(\d{7,})\.pth$")
-_FOLDER = re.compile(r"^(\d{7,})$")
+_FOLDER = re.compile(r"^(\d{7,})\.dcp$")
 MiB = 1 << 20
 
 
@@ -507,8 +507,8 @@ def checkpoint_marker(location: S3Location, iteration: int) -> S3Location:
 
 
 def checkpoint_folder(location: S3Location, iteration: int) -> S3Location:
-    """``<location>/{iteration:07d}``: the DCP folder of a sharded checkpoint."""
-    return location.child(f"{iteration:07d}")
+    """``<location>/{iteration:07d}.dcp``: the DCP folder of a sharded checkpoint (named as on local disk)."""
+    return location.child(f"{iteration:07d}.dcp")
 
 
 @dataclass(frozen=True)

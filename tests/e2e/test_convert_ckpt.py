@@ -10,7 +10,7 @@ import pytest
 import torch
 from fastgen_testing import assert_same_tree, run_cli, state_tensors, tiny_toy_config
 from multirank import fastgen
-from s3server import S3Server, s3_server  # noqa: F401 - s3_server is a fixture
+from s3server import S3Server
 
 from fastgen.trainer import Trainer
 from fastgen.utils.checkpointer import load_checkpoint
@@ -143,7 +143,7 @@ def test_s3_source_and_destination(run_dir: Path, tmp_path: Path, s3_server: S3S
     keys = {item["Key"] for item in s3_server.client().list_objects_v2(
         Bucket=s3_server.bucket, Prefix=f"convert/{tmp_path.name}/sharded/")["Contents"]}
     prefix = f"convert/{tmp_path.name}/sharded/"
-    assert f"{prefix}0000003.pth" in keys and f"{prefix}0000003/.metadata" in keys
+    assert f"{prefix}0000003.pth" in keys and f"{prefix}0000003.dcp/.metadata" in keys
     assert_same_tree(source, load_checkpoint(tmp_path / "back.pth"))
     assert_same_tree({**source, "layout": "sharded"}, load_checkpoint(tmp_path / "again.pth"))
     from fastgen.utils.s3 import S3Location, S3Storage, newest_valid_checkpoint, resolve_credentials

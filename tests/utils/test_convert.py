@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 from fastgen_testing import assert_same_tree, state_tensors, tiny_toy_config
-from s3server import S3Server, s3_server  # noqa: F401 - s3_server is a fixture
+from s3server import S3Server
 
 from fastgen.trainer import Trainer
 from fastgen.utils import convert

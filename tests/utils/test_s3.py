@@ -23,7 +23,7 @@ from fastgen.utils import env as env_module
 from fastgen.utils import s3
 from fastgen.utils.errors import CheckpointError, FastGenRuntimeError, UsageError
 from fastgen_testing import finish_rank, gloo_results, state_tensors
-from s3server import S3Server, running_seaweedfs, s3_server, weed_binary  # noqa: F401 - s3_server is a fixture
+from s3server import S3Server, running_seaweedfs, weed_binary
 
 MiB = s3.MiB
 # dcp.save / load without a process group (world size 1) warn that they assume one process: that is the intent here
@@ -114,7 +114,7 @@ def test_container_form_and_children() -> None:
     assert location.child("0000100", ".metadata").url == "s3://bucket-a/team/run1/0000100/.metadata"
     assert location.folder_prefix == "team/run1/" and s3.S3Location("bucket-a").folder_prefix == ""
     assert s3.checkpoint_marker(location, 100).key == "team/run1/0000100.pth"
-    assert s3.checkpoint_folder(location, 12345678).key == "team/run1/12345678"
+    assert s3.checkpoint_folder(location, 12345678).key == "team/run1/12345678.dcp"
     assert s3.is_s3_url("s3://b/x") and not s3.is_s3_url("/local/s3://x") and not s3.is_s3_url(Path("s3:/b"))
 
 
@@ -278,13 +278,13 @@ def test_newest_valid_checkpoint_needs_its_marker(storage: s3.S3Storage, s3_serv
 
 def test_delete_checkpoint_spares_siblings(storage: s3.S3Storage, s3_server: S3Server, prefix: s3.S3Location, count_calls: Any) -> None:
     client = s3_server.client()
-    for key in ["1000000.pth", "1000000/.metadata", "1000000/__0_0.distcp",
-                "10000000.pth", "10000000/.metadata", "10000000/__0_0.distcp"]:
+    for key in ["1000000.pth", "1000000.dcp/.metadata", "1000000.dcp/__0_0.distcp",
+                "10000000.pth", "10000000.dcp/.metadata", "10000000.dcp/__0_0.distcp"]:
         client.put_object(Bucket=prefix.bucket, Key=prefix.child(key).key, Body=b"x")
     deletes = count_calls(storage, "before-call.s3.*")
     s3.delete_checkpoint(storage, prefix, 1000000)
     assert storage.list_keys(prefix) == [prefix.child(k).key for k in
-                                         ["10000000.pth", "10000000/.metadata", "10000000/__0_0.distcp"]]
+                                         ["10000000.pth", "10000000.dcp/.metadata", "10000000.dcp/__0_0.distcp"]]
     assert deletes[0].endswith("DeleteObject")  # the marker goes first: the checkpoint is invalid at once
 
 

@@ -1,0 +1,205 @@
+"""Where checkpoints live: a folder (local disk or a shared filesystem) or an S3 prefix, behind one interface.
+
+The checkpoint manager (``fastgen.utils.checkpoint_manager``) decides *what* to save; a store knows *where*: the
+names (``{iteration:07d}.pth``, and ``{iteration:07d}.dcp/`` for a sharded checkpoint, the same in both stores),
+how to write an object so that it appears whole or not at all, how to list the valid checkpoints, and which DCP
+storage writer / reader to use. A checkpoint is referred to by its marker as a string: a path, or an
+``s3://bucket/key`` URL.
+
+``checkpoint_store(checkpointer_config, run_dir, run_prefix, credentials_dir)`` picks one:
+
+* ``use_s3=True``: ``s3://<s3_container>/<project>/<group>/<name>/<save_dir>`` (the seed: a relative ``save_dir``
+  goes "under s3_container if use_s3=True"; an ``s3://`` ``save_dir`` is used as it is). Credentials come from
+  ``credentials_dir/s3.json`` or the environment (``fastgen.utils.s3.resolve_credentials``). Objects are atomic
+  (S3 has no partial PUT), so a monolithic ``.pth`` and a marker are uploaded whole, the marker last; a listing
+  error raises - a resume never silently starts at iteration 0 because the bucket could not be read.
+* otherwise the folder ``save_dir`` (relative: inside the run directory): atomic renames (``fastgen.utils.io``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from fastgen.utils.checkpointer import (
+    Checkpointer,
+    CorruptCheckpointError,
+    load_checkpoint,
+)
+from fastgen.utils.errors import ConfigError
+from fastgen.utils.io import check_writable_dir
+
+
+class LocalStore:
+    """Checkpoints in a folder."""
+
+    def __init__(self, save_dir: str, run_dir: Path, keep_last_n: int | None) -> None:
+        self.files = Checkpointer(save_dir, run_dir, keep_last_n)
+        self.location = str(self.files.save_dir)
+
+    def prepare(self) -> None:
+        check_writable_dir(self.files.save_dir)
+
+    def list(self) -> list[tuple[int, str]]:
+        return [(iteration, str(path)) for iteration, path in self.files.list()]
+
+    def marker(self, iteration: int) -> str:
+        return str(self.files.path_for(iteration))
+
+    def folder(self, marker: str) -> str:
+        return str(Path(marker).with_suffix(".dcp"))
+
+    def is_sharded(self, marker: str) -> bool:
+        return (Path(self.folder(marker)) / ".metadata").is_file()
+
+    def write(self, iteration: int, writer: Callable[[IO[bytes]], None]) -> str:
+        """Write the ``.pth`` of ``iteration`` atomically, then apply ``keep_last_n``."""
+        return str(self.files.save_with(writer, iteration))
+
+    def read(self, marker: str, whole: bool) -> dict[str, Any]:
+        """``whole``: ``load_checkpoint`` (a monolithic checkpoint, or a sharded one assembled); else the marker's
+        own dict."""
+        if whole:
+            return load_checkpoint(marker)
+        return _load_marker_file(Path(marker), marker)
+
+    def previous_complete(self, marker: str) -> str | None:
+        found = self.files.previous_complete(Path(marker))
+        return None if found is None else str(found)
+
+    def prepare_folder(self, marker: str) -> None:
+        """Before a sharded save: remove the folders without a marker (crashed saves, an earlier attempt at this
+        one); a valid checkpoint's folder is never touched."""
+        if self.files.save_dir.is_dir():
+            for entry in self.files.save_dir.glob("*.dcp"):
+                if entry.is_dir() and not entry.with_suffix(".pth").exists():
+                    shutil.rmtree(entry, ignore_errors=True)
+
+    def dcp_writer(self, marker: str) -> Any:
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        return FileSystemWriter(self.folder(marker), single_file_per_rank=True, sync_files=True)
+
+    def dcp_reader(self, marker: str) -> Any:
+        from fastgen.utils.checkpoint_manager import SafeFileSystemReader
+
+        return SafeFileSystemReader(self.folder(marker))
+
+
+class S3Store:
+    """Checkpoints under an S3 prefix (``fastgen.utils.s3``)."""
+
+    def __init__(self, url: str, keep_last_n: int | None, credentials_dir: str | None) -> None:
+        from fastgen.utils import s3
+
+        self.s3 = s3
+        self.prefix = s3.S3Location.parse(url)
+        self.location = self.prefix.url
+        self.keep_last_n = keep_last_n
+        self.storage = s3.S3Storage.from_config(credentials_dir)
+
+    def prepare(self) -> None:
+        self.s3.scan_checkpoints(self.storage, self.prefix)  # the bucket exists and the credentials work
+
+    def list(self) -> list[tuple[int, str]]:
+        return [(found.iteration, found.marker.url) for found in self.s3.scan_checkpoints(self.storage, self.prefix).valid]
+
+    def marker(self, iteration: int) -> str:
+        return self.s3.checkpoint_marker(self.prefix, iteration).url
+
+    def folder(self, marker: str) -> str:
+        return marker[: -len(".pth")] + ".dcp"
+
+    def is_sharded(self, marker: str) -> bool:
+        return self.storage.exists(self.s3.S3Location.parse(self.folder(marker)).child(".metadata"))
+
+    def write(self, iteration: int, writer: Callable[[IO[bytes]], None]) -> str:
+        """Stage the ``.pth`` in a local temporary file, upload it (multipart when large: it appears whole or not
+        at all), then apply ``keep_last_n``."""
+        target = self.s3.checkpoint_marker(self.prefix, iteration)
+        with tempfile.TemporaryDirectory(prefix="fastgen-ckpt-") as scratch:
+            staged = Path(scratch) / target.name
+            with staged.open("wb") as handle:
+                writer(handle)
+            self.storage.upload_file(staged, target)
+        if self.keep_last_n is not None:
+            for found in self.s3.scan_checkpoints(self.storage, self.prefix).valid[: -self.keep_last_n]:
+                self.s3.delete_checkpoint(self.storage, self.prefix, found.iteration)
+        return target.url
+
+    def read(self, marker: str, whole: bool) -> dict[str, Any]:
+        location = self.s3.S3Location.parse(marker)
+        with tempfile.TemporaryDirectory(prefix="fastgen-ckpt-") as scratch:
+            staged = Path(scratch) / location.name
+            self.storage.download_file(location, staged)
+            if not whole:
+                return _load_marker_file(staged, marker)
+            if self.is_sharded(marker):
+                from fastgen.utils.checkpoint_manager import read_sharded_as_full
+
+                payload = _load_marker_file(staged, marker)
+                folder = Path(scratch) / "whole.dcp"
+                for key in self.storage.list_keys(self.s3.S3Location.parse(self.folder(marker))):
+                    relative = key[len(self.s3.S3Location.parse(self.folder(marker)).folder_prefix):]
+                    self.storage.download_file(self.s3.S3Location(location.bucket, key), folder / relative)
+                return {**payload, **read_sharded_as_full(folder)}
+            try:
+                return load_checkpoint(staged)
+            except CorruptCheckpointError as exc:
+                raise CorruptCheckpointError(Path(marker), exc.reason) from None
+
+    def previous_complete(self, marker: str) -> str | None:
+        return None  # an object is never half-written on S3: a corrupt one is not a crash's leftover
+
+    def prepare_folder(self, marker: str) -> None:
+        """Before a sharded save: delete the folders without a marker (as ``LocalStore.prepare_folder``)."""
+        for iteration in self.s3.scan_checkpoints(self.storage, self.prefix).unmarked:
+            self.storage.delete_folder(self.s3.checkpoint_folder(self.prefix, iteration))
+
+    def dcp_writer(self, marker: str) -> Any:
+        return self.s3.S3StorageWriter(self.s3.S3Location.parse(self.folder(marker)), self.storage)
+
+    def dcp_reader(self, marker: str) -> Any:
+        return self.s3.S3StorageReader(self.s3.S3Location.parse(self.folder(marker)), self.storage)
+
+
+def checkpoint_store(checkpointer_config: Any, run_dir: Path, run_prefix: str,
+                     credentials_dir: str | None) -> LocalStore | S3Store:
+    """The store a run's ``trainer.checkpointer`` describes (module docstring)."""
+    save_dir = str(checkpointer_config.save_dir)
+    keep = checkpointer_config.keep_last_n
+    if save_dir.startswith("s3://"):
+        return S3Store(save_dir.rstrip("/"), keep, credentials_dir)
+    if not checkpointer_config.use_s3:
+        return LocalStore(save_dir, run_dir, keep)
+    container = checkpointer_config.s3_container
+    if not container:
+        raise ConfigError("trainer.checkpointer.use_s3=True needs trainer.checkpointer.s3_container=BUCKET/PREFIX")
+    from fastgen.utils.s3 import S3Location
+
+    if os.path.isabs(save_dir):
+        raise ConfigError(f"trainer.checkpointer.save_dir={save_dir} is an absolute path, but use_s3=True keeps "
+                          "checkpoints under s3_container: give a relative save_dir (or an s3:// one)")
+    base = S3Location.from_container(container)
+    parts = [part for part in (*run_prefix.split("/"), *save_dir.split("/")) if part and part != "."]
+    return S3Store(base.child(*parts).url, keep, credentials_dir)
+
+
+def _load_marker_file(path: Path, name: str) -> dict[str, Any]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises several types for a damaged file
+        text = str(exc).strip()
+        raise CorruptCheckpointError(Path(name), text.splitlines()[0] if text else type(exc).__name__) from None
+
+
+def torch_save_to(payload: dict[str, Any]) -> Callable[[IO[bytes]], None]:
+    """A ``writer`` for ``write`` that ``torch.save``s ``payload``."""
+    return lambda handle: torch.save(payload, handle)
+
