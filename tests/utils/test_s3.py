@@ -265,12 +265,12 @@ def test_newest_valid_checkpoint_needs_its_marker(storage: s3.S3Storage, s3_serv
     assert s3.newest_valid_checkpoint(storage, prefix) is None  # an empty prefix: no checkpoint, no error
     client = s3_server.client()
     for key in ["0001000.pth",                                  # monolithic
-                "0002000/.metadata", "0002000/__0_0.distcp", "0002000.pth",  # sharded, complete
-                "0003000/__0_0.distcp", "0003000/__1_0.distcp",  # sharded, the marker never written
-                "0004000/__0_0.distcp", ".0004000.pth.tmp", "notes.txt", "latest.pth"]:
+                "0002000.dcp/.metadata", "0002000.dcp/__0_0.distcp", "0002000.pth",  # sharded, complete
+                "0003000.dcp/__0_0.distcp", "0003000.dcp/__1_0.distcp",  # sharded, the marker never written
+                "0004000.dcp/__0_0.distcp", ".0004000.pth.tmp", "notes.txt", "latest.pth", "0005000/x"]:
         client.put_object(Bucket=prefix.bucket, Key=prefix.child(key).key, Body=b"x")
     newest = s3.newest_valid_checkpoint(storage, prefix)
-    assert newest == s3.S3Checkpoint(2000, prefix.child("0002000.pth"), prefix.child("0002000"))
+    assert newest == s3.S3Checkpoint(2000, prefix.child("0002000.pth"), prefix.child("0002000.dcp"))
     scan = s3.scan_checkpoints(storage, prefix)
     assert [c.iteration for c in scan.valid] == [1000, 2000] and scan.valid[0].folder is None
     assert scan.unmarked == [3000, 4000]
@@ -284,7 +284,7 @@ def test_delete_checkpoint_spares_siblings(storage: s3.S3Storage, s3_server: S3S
     deletes = count_calls(storage, "before-call.s3.*")
     s3.delete_checkpoint(storage, prefix, 1000000)
     assert storage.list_keys(prefix) == [prefix.child(k).key for k in
-                                         ["10000000.pth", "10000000.dcp/.metadata", "10000000.dcp/__0_0.distcp"]]
+                                         ["10000000.dcp/.metadata", "10000000.dcp/__0_0.distcp", "10000000.pth"]]
     assert deletes[0].endswith("DeleteObject")  # the marker goes first: the checkpoint is invalid at once
 
 
