@@ -166,3 +166,23 @@ class FailSave(Callback):
 
     def on_save_checkpoint_start(self, model: Any, iteration: int = 0) -> None:
         self.saving = iteration
+
+
+class MarkerSeen(Callback):
+    """Rank 0, one step after each save: waits (up to ``wait_s``) for that save's marker in ``folder`` and appends
+    ``iteration seen`` to ``path``. An async save must become valid on its own, before the next save."""
+
+    def __init__(self, folder: str, path: str, every: int, wait_s: float = 60.0) -> None:
+        self.folder, self.path, self.every, self.wait_s = Path(folder), Path(path), every, wait_s
+
+    def on_training_step_end(self, model: Any, data_batch: dict, output_batch: dict, loss_dict: dict,
+                             iteration: int = 0) -> None:
+        saved = iteration - 1
+        if not dist_utils.is_rank0() or saved <= 0 or saved % self.every:
+            return
+        marker = self.folder / f"{saved:07d}.pth"
+        deadline = time.monotonic() + self.wait_s
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with self.path.open("a") as handle:
+            handle.write(f"{saved} {marker.exists()}\n")

@@ -21,11 +21,12 @@ during a save) is ignored and removed by the next save. The newest valid checkpo
 makes every rank fail the save (DCP gathers each rank's result; a monolithic write's outcome is all-reduced), so
 no rank waits at a barrier for a rank that is gone.
 
-**Async saves** (``trainer.checkpointer.async_save``): the state is copied to the host (sharded: DCP's staging;
-monolithic: a clone of the full tensors) and written while training continues; at most one save is in flight -
-the next save, and the end of the run, wait for it. The marker is written only when the write succeeded, so a
-crash during an async save leaves the previous checkpoint the newest valid one. Asynchronous DCP runs its
-collectives on a dedicated gloo group so they never interleave with training's.
+**Async saves** (``trainer.checkpointer.async_save``): the state is copied to the host (sharded: DCP's staging
+into host buffers kept from one save to the next; monolithic: a clone of the full tensors) and written while
+training continues; at most one save is in flight - the next save, and the end of the run, wait for it. The
+marker (monolithic: the file's final name) appears as soon as the write succeeded, not at the next save, so a
+crash during an async save leaves the previous checkpoint the newest valid one, and one after it loses nothing.
+Asynchronous DCP runs its collectives on a dedicated gloo group so they never interleave with training's.
 
 **Loading and world sizes.** A run resumes from a checkpoint of its own format: an FSDP run from sharded ones, any
 other from monolithic ones; the other kind is a one-line error that names ``pretrained_ckpt_path`` (which starts a
@@ -62,6 +63,7 @@ from torch.distributed.checkpoint import (
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
 from fastgen.utils import distributed as dist_utils
 from fastgen.utils.checkpoint_store import torch_save_to
@@ -117,6 +119,7 @@ class CheckpointManager:
         self.seed = seed
         self._pending: _PendingSave | None = None
         self._async_group: Any = None
+        self._stager: _ReusedHostStager | None = None  # async sharded saves: host buffers kept between saves
 
     # ---- discovery -------------------------------------------------------------------------------------------
     def list(self) -> list[tuple[int, str]]:
@@ -232,7 +235,10 @@ class CheckpointManager:
         tensors = sharded_state(state.model)
         writer = self.store.dcp_writer(marker)
         if self.async_save:
-            future = dcp.async_save(tensors, storage_writer=writer, process_group=self._group_for_async())
+            if self._stager is None:
+                self._stager = _ReusedHostStager()
+            future = dcp.async_save(tensors, storage_writer=writer, process_group=self._group_for_async(),
+                                    async_stager=self._stager)
             self._pending = _PendingSave(self, marker, future=future, extras=extras)
             return
         try:
@@ -245,13 +251,17 @@ class CheckpointManager:
         """Rank 0 writes the marker after every rank's shards are on disk; then older checkpoints are pruned."""
         ok = True
         if dist_utils.is_rank0():
-            try:
-                self.store.write(int(extras["iteration"]), torch_save_to(extras))
-            except Exception as exc:  # noqa: BLE001
-                logger.error("writing checkpoint marker %s failed: %s", marker, exc)
-                ok = False
+            ok = self._write_marker_on_rank0(marker, extras)
         if dist_utils.any_rank(not ok):
             raise CheckpointError(f"writing checkpoint marker {marker} failed")
+
+    def _write_marker_on_rank0(self, marker: str, extras: dict[str, Any]) -> bool:
+        try:
+            self.store.write(int(extras["iteration"]), torch_save_to(extras))
+            return True
+        except Exception as exc:  # noqa: BLE001 - reported on every rank by the caller
+            logger.error("writing checkpoint marker %s failed: %s", marker, exc)
+            return False
 
     def _group_for_async(self) -> Any:
         """A gloo group of every rank for asynchronous DCP (its collectives run on a background thread)."""
@@ -305,13 +315,22 @@ class CheckpointManager:
 
 
 class _PendingSave:
-    """A save in flight: DCP's future (sharded) or a writer thread (monolithic)."""
+    """A save in flight: DCP's future (sharded) or a writer thread (monolithic).
+
+    A sharded save's marker is written by rank 0 as soon as its write is complete - rank 0's DCP future resolves
+    only after every rank's shards and DCP's metadata are written (DCP gathers each rank's result) - so an async
+    checkpoint becomes valid when it is on storage, not at the next save. ``finish`` then tells every rank how
+    the save went (a collective)."""
 
     def __init__(self, manager: CheckpointManager, marker: str, future: Any = None, extras: Any = None,
                  writer: Any = None) -> None:
         self.manager, self.marker, self.future, self.extras = manager, marker, future, extras
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
+        self.marker_written = threading.Event()
+        self.marker_ok = False
+        if future is not None and dist_utils.is_rank0():
+            future.add_done_callback(self._on_written)
         if writer is not None and dist_utils.is_rank0():
             def run() -> None:
                 try:
@@ -320,6 +339,14 @@ class _PendingSave:
                     self.error = exc
             self.thread = threading.Thread(target=run, name="fastgen-checkpoint-writer", daemon=True)
             self.thread.start()
+
+    def _on_written(self, future: Any) -> None:
+        """Rank 0, on DCP's thread once the write is over: the marker, if every rank's write succeeded."""
+        try:
+            if future.exception() is None:
+                self.marker_ok = self.manager._write_marker_on_rank0(self.marker, self.extras)
+        finally:
+            self.marker_written.set()
 
     def finish(self) -> None:
         if self.future is not None:
@@ -330,13 +357,40 @@ class _PendingSave:
             if dist_utils.any_rank(self.error is not None):
                 raise CheckpointError(f"saving sharded checkpoint {self.manager.store.folder(self.marker)} failed"
                                       + (f": {_first_line(self.error)}" if self.error else " on another rank"))
-            self.manager._write_marker(self.marker, self.extras)
+            if dist_utils.is_rank0():
+                self.marker_written.wait()
+            if dist_utils.any_rank(dist_utils.is_rank0() and not self.marker_ok):
+                raise CheckpointError(f"writing checkpoint marker {self.marker} failed")
             return
         if self.thread is not None:
             self.thread.join()
         if dist_utils.any_rank(self.error is not None):
             raise CheckpointError(f"saving checkpoint {self.marker} failed"
                                   + (f": {_first_line(self.error)}" if self.error else " on rank 0"))
+
+
+class _ReusedHostStager(BlockingAsyncStager):
+    """DCP's host staging for async saves with buffers kept from one save to the next.
+
+    The default (the storage writer's own ``stage``, one writer per checkpoint) allocates a fresh host copy of
+    every shard at each save, which is most of the time training waits for (``benchmarks/checkpoint_save.py``).
+    Reusing the buffers is safe because at most one save is in flight: the next save waits for the previous one
+    before staging into the same buffers. The cost is one host copy of this rank's shards kept for the run
+    (pinned where CUDA is present, so device-to-host copies are fast). torch's ``BlockingAsyncStager`` with
+    ``cache_staged_state_dict`` pins unconditionally, which fails on a CPU-only build, hence this subclass."""
+
+    def __init__(self) -> None:
+        super().__init__(cache_staged_state_dict=True)
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        from torch.distributed._state_dict_utils import (
+            _copy_state_dict,
+            _create_cpu_state_dict,
+        )
+
+        if self.state_dict_cache is None:
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+        return _copy_state_dict(state_dict, self.state_dict_cache, type_check=False)
 
 
 # ---- formats -------------------------------------------------------------------------------------------------------

@@ -141,14 +141,26 @@ def test_a_rank_that_fails_a_sharded_save_fails_the_save_on_every_rank(output_ro
     assert (folder / "0000004.pth").exists() and not (folder / "0000008.pth").exists()
 
 
-def test_async_saves_write_what_synchronous_saves_write(output_root: Path, tmp_path: Path) -> None:
-    run = ["train", *TOY, "trainer.max_iter=6", "trainer.save_ckpt_iter=2"]
+@pytest.mark.parametrize("ranks", [1, 2], ids=["monolithic", "sharded"])
+def test_async_saves_write_what_synchronous_saves_write(ranks: int, output_root: Path, tmp_path: Path) -> None:
+    """Async saves (one process: a writer thread; 2-rank FSDP: ``dcp.async_save`` with reused host buffers) hold
+    exactly what synchronous saves hold, and each becomes valid (its marker written) as soon as it is written,
+    while training goes on - not at the next save."""
+    launch = [] if ranks == 1 else ["--nproc-per-node", "2"]
+    layout = [] if ranks == 1 else ["trainer.fsdp=True"]
     for name, flag in (("sync", "False"), ("async", "True")):
-        result = run_cli(*run, f"log_config.name={name}", f"trainer.checkpointer.async_save={flag}",
-                         "trainer.checkpointer.keep_last_n=2", cwd=tmp_path)
+        seen = (f"+trainer.callbacks.seen={{_target_:rank_probes.MarkerSeen,folder:{checkpoints(output_root, 'toy', name)},"
+                f"path:{tmp_path / (name + '.seen')},every:2}}")
+        result = fastgen("train", *launch, *TOY, *layout, "trainer.max_iter=6", "trainer.save_ckpt_iter=2",
+                         f"log_config.name={name}", f"trainer.checkpointer.async_save={flag}",
+                         "trainer.checkpointer.keep_last_n=2", seen, cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
+        assert (tmp_path / f"{name}.seen").read_text().split() == ["2", "True", "4", "True"]
     sync, asynchronous = checkpoints(output_root, "toy", "sync"), checkpoints(output_root, "toy", "async")
-    assert sorted(p.name for p in asynchronous.iterdir()) == ["0000004.pth", "0000006.pth"]
+    expected = ["0000004.pth", "0000006.pth"]
+    if ranks == 2:
+        expected = ["0000004.dcp", "0000004.pth", "0000006.dcp", "0000006.pth"]
+    assert sorted(p.name for p in asynchronous.iterdir()) == expected
     for iteration in (4, 6):
         assert_identical(final_tensors(asynchronous, iteration), final_tensors(sync, iteration))
 

@@ -249,14 +249,14 @@ def test_a_stuck_rank_is_named_and_every_process_ends(processes: Processes, toy_
     node_dirs(tmp_path, checkpoint)
     (tmp_path / f"node{stuck}" / "ckpt.pth").unlink()
     os.mkfifo(tmp_path / f"node{stuck}" / "ckpt.pth")  # nobody writes: this rank's read blocks forever
-    (node0, out, err), (node1, _, err1) = two_nodes(processes, tmp_path, config, "--timeout", "5", "-",
+    (node0, out, err), (node1, _, err1) = two_nodes(processes, tmp_path, config, "--timeout", "2", "-",
                                                     "trainer.ddp=True")
     assert (node0, node1) == (1, 1), out + err + err1
     assert "Traceback" not in err + err1 and "Exception raised from" not in err + err1
     if stuck == 1:  # rank 0 names it, after --timeout
-        assert "rank 1 did not arrive at the barrier within 5 s" in out and "not run: a rank did not arrive" in out
+        assert "rank 1 did not arrive at the barrier within 2 s" in out and "not run: a rank did not arrive" in out
         (line,) = error_lines(err)
-        assert line.startswith("error: rank 1 did not arrive at the barrier within 5 s")
+        assert line.startswith("error: rank 1 did not arrive at the barrier within 2 s")
         assert "rank 1" in error_lines(err1)[0]
     else:  # rank 0 never comes: rank 1 names it after its longer wait, and rank 0 is stopped
         assert out == ""
