@@ -4,8 +4,8 @@ For each digits recipe it trains the recipe from scratch (``fastgen train --conf
 wall time measured around the whole command, single process), then scores 5,000 samples of the student with
 ``fastgen.evaluation`` (Frechet distance in the shipped digits classifier's feature space, and that classifier's
 accuracy on the conditioning labels) and counts the student's network evaluations per sample. The shipped
-teacher is scored once with 18 Heun steps (35 evaluations). Prints a markdown table; ``--readme`` also writes it
-into README.md between the ``quality-table`` markers.
+teacher is scored once with 18 Heun steps (35 evaluations). Prints a markdown table; ``--write`` also writes it
+into docs/experiments/digits-quality.md between the ``quality-table`` markers.
 
     .venv/bin/python benchmarks/quality.py                       # every method (~37 min on 2 CPU cores)
     .venv/bin/python benchmarks/quality.py --methods dmd2 kd     # a subset
@@ -77,7 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=METHODS)
     parser.add_argument("--samples", type=int, default=5000)
-    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--write", action="store_true", help="write the table into docs/experiments/digits-quality.md")
     parser.add_argument("--json", default=None)
     parser.add_argument("--override", nargs="*", default=[], help="overrides applied to every recipe")
     args = parser.parse_args()
@@ -106,13 +106,13 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.samples} samples, threads {torch.get_num_threads()}")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": [(m, w, x) for m, w, x in rows], "teacher": teacher_row}, indent=2))
-    if args.readme:
-        readme = ROOT / "README.md"
-        text = readme.read_text()
+    if args.write:
+        report = ROOT / "docs" / "experiments" / "digits-quality.md"
+        text = report.read_text()
         if BEGIN not in text:
-            raise SystemExit(f"README.md lacks the {BEGIN} ... {END} markers")
+            raise SystemExit(f"{report} lacks the {BEGIN} ... {END} markers")
         text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), BEGIN + "\n" + table + "\n" + END, text, flags=re.S)
-        readme.write_text(text)
+        report.write_text(text)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ from fastgen.utils.checkpoint_manager import (
     TrainingState,
     restore_modules,
 )
-from fastgen.utils.checkpointer import load_checkpoint
+from fastgen.utils.checkpoint_store import read_whole_checkpoint
 from fastgen.utils.errors import ConfigError, TrainingInterrupted
 from fastgen.utils.logging import get_logger
 from fastgen.utils.parallelize import parallelize, set_gradient_sync
@@ -366,7 +366,7 @@ class Trainer:
         path = self.config.trainer.checkpointer.pretrained_ckpt_path
         if not path:
             return
-        payload = load_checkpoint(path)
+        payload = read_whole_checkpoint(path, self.config.credentials_dir)  # a local file or s3://
         restore_modules(model, payload, path, allow_missing=True)
         for name, ema in getattr(model, "ema_nets", {}).items():
             if name not in payload.get("model", {}):  # an EMA the checkpoint lacks starts from the loaded net

@@ -90,7 +90,8 @@ class CheckpointerConfig(StrictConfig):
     # it is. See fastgen/utils/checkpoint_store.py.
     use_s3: bool = False
     s3_container: Optional[str] = None
-    # Weights to start a *new* run from (e.g. a teacher, or a monolithic checkpoint for an FSDP run).
+    # Weights to start a *new* run from (e.g. a teacher, or a monolithic checkpoint for an FSDP run): a local
+    # .pth or an s3:// one (credentials as for use_s3), monolithic or a sharded checkpoint's marker.
     pretrained_ckpt_path: Optional[str] = None
     # Keep only the newest N checkpoints (None keeps all); a sharded checkpoint's folder goes with its marker.
     keep_last_n: Optional[int] = None

@@ -191,6 +191,14 @@ def checkpoint_store(checkpointer_config: Any, run_dir: Path, run_prefix: str,
     return S3Store(base.child(*parts).url, keep, credentials_dir)
 
 
+def read_whole_checkpoint(path: str, credentials_dir: str | None) -> dict[str, Any]:
+    """``load_checkpoint`` of a local file or an ``s3://`` checkpoint (its ``.pth``; a sharded one is assembled
+    into whole tensors in this process): what ``pretrained_ckpt_path`` starts a run from."""
+    if str(path).startswith("s3://"):
+        return S3Store(str(path).rsplit("/", 1)[0], None, credentials_dir).read(str(path), whole=True)
+    return load_checkpoint(path)
+
+
 def _load_marker_file(path: Path, name: str) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)

@@ -62,6 +62,15 @@ def test_a_run_saves_to_s3_and_the_same_command_resumes_from_it(s3_server: S3Ser
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert_identical(s3_tensors(s3_server, credentials, f"s3://{s3_server.bucket}/{prefix}0000006.pth"),
                      local_tensors(output_root / "fastgen" / "toy" / "local" / "checkpoints" / "0000006.pth"))
+    # a new local run starts from the S3 checkpoint's weights (lr 0: they stay exactly what was read)
+    marker = f"s3://{s3_server.bucket}/{prefix}0000004.pth"
+    bridged = run_cli("train", *TOY, "trainer.max_iter=2", "log_config.name=from_s3", "model.net_optimizer.lr=0",
+                      f"credentials_dir={credentials}", f"trainer.checkpointer.pretrained_ckpt_path={marker}", cwd=tmp_path)
+    assert bridged.returncode == 0 and f"initialised weights from {marker}" in bridged.stderr, bridged.stderr[-3000:]
+    started = local_tensors(output_root / "fastgen" / "toy" / "from_s3" / "checkpoints" / "0000002.pth")
+    read = s3_tensors(s3_server, credentials, marker)
+    nets = [key for key in read if key.startswith("model.net.")]
+    assert nets and all(torch.equal(started[key], read[key]) for key in nets)
     secrets = (s3_server.secret_access_key, s3_server.access_key_id)
     config_yaml = (output_root / "fastgen" / "toy" / "s3run" / "config.yaml").read_text()
     assert not any(secret in first.stderr + again.stderr + config_yaml for secret in secrets)
@@ -87,6 +96,10 @@ def test_a_sharded_two_rank_run_saves_to_s3_and_resumes_bit_identical(s3_server:
     bucket = f"s3://{s3_server.bucket}/"
     assert_identical(s3_tensors(s3_server, credentials, f"{bucket}{prefix}0000004.pth"),
                      s3_tensors(s3_server, credentials, f"{bucket}sharded/fastgen/toy/straight/checkpoints/0000004.pth"))
+    # a one-process run starts from the sharded S3 checkpoint, assembled into whole tensors
+    bridged = run_cli("train", *TOY, "trainer.max_iter=2", "log_config.name=from_sharded", f"credentials_dir={credentials}",
+                      f"trainer.checkpointer.pretrained_ckpt_path={bucket}{prefix}0000004.pth", cwd=tmp_path)
+    assert bridged.returncode == 0 and "initialised weights from s3://" in bridged.stderr, bridged.stderr[-3000:]
 
 
 def test_a_server_that_goes_away_mid_run_is_one_line_after_retries(output_root: Path, tmp_path: Path) -> None:
