@@ -24,8 +24,10 @@ Examples:
 
 The memory per rank (parameters, gradients, optimizer state) comes from the real plan: the method is built on the
 meta device and, under trainer.fsdp, sharded by the trainer's own code on a fake process group of that many ranks
-(nothing is allocated, nothing is launched); with uneven shards the busiest rank is shown. `fastgen profile-memory`
-measures the real peak, activations included.
+(nothing is allocated, nothing is launched); with uneven shards the busiest rank is shown. The training peak
+(activations and temporaries included) comes from a few training steps run on fake tensors - shapes and sizes, no
+data - with a batch of the training loader's shapes; without the training data it is not estimated.
+`fastgen profile-memory` measures the real peak.
 """
 
 
@@ -122,12 +124,34 @@ def memory_table(config: BaseConfig, model: Any, world_size: int | None = None) 
     for key, label in (("parameters", "parameters"), ("gradients", "gradients"), ("optimizer_state", "optimizer state")):
         value = getattr(busiest, key)
         table.add_row(label, f"{value:,}", fmt_bytes(value), notes[key])
-    table.add_row("[bold]total[/bold]", f"{busiest.total:,}", fmt_bytes(busiest.total),
-                  "+ activations: measure with `fastgen profile-memory`")
+    table.add_row("[bold]total[/bold]", f"{busiest.total:,}", fmt_bytes(busiest.total), "kept from step to step")
     if busiest.total != lightest.total:
         table.add_row(f"rank {lightest.rank} (least)", f"{lightest.total:,}", fmt_bytes(lightest.total),
                       "uneven shards: torch.chunk gives the first ranks the larger pieces")
+    peak, how = training_peak(config, world_size, plan.sharded)
+    table.add_row("[bold]training peak[/bold]", "-" if peak is None else f"{peak:,}",
+                  "-" if peak is None else fmt_bytes(peak), how)
     return table
+
+
+def training_peak(config: BaseConfig, world_size: int, sharded: bool) -> tuple[int | None, str]:
+    """Rank 0's peak during training steps traced on fake tensors (``fastgen.profiling.step_trace``), or ``None``
+    and why there is no estimate (no training data here, or a step that reads tensor values)."""
+    from fastgen.profiling.step_trace import StepTraceError, first_batch, trace_step_peak
+    from fastgen.utils.errors import FastGenError
+
+    try:
+        batch = first_batch(config)
+    except FastGenError as exc:
+        return None, f"not estimated without the training data ({' '.join(str(exc).split())})"
+    try:
+        found = trace_step_peak(config, world_size, batch)
+    except StepTraceError as exc:
+        reason = "it reads a tensor's value" if "DataDependent" in str(exc) else str(exc)
+        return None, f"not estimated: the step cannot run on fake tensors ({reason}); use `fastgen profile-memory`"
+    parts = "activations, temporaries" + (", all-gathered parameters" if sharded else "") + (
+        ", DDP's gradient buckets" if found.buckets else "")
+    return found.peak, f"{found.iterations} training steps traced on fake tensors: the state + {parts}"
 
 
 def check_ranks(config: BaseConfig, world_size: int) -> None:

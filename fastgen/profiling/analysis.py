@@ -282,3 +282,34 @@ def _site_rows(snapshot: dict[str, Any], blocks: list[Block], steps: list[tuple[
             row.peak_blocks += 1
             row.categories[block.category] = row.categories.get(block.category, 0) + block.size
     return sorted(rows.values(), key=lambda r: (-r.peak_bytes, -r.alloc_bytes, r.label))
+
+
+STATE_ROLES = ("parameters", "gradients", "optimizer_state")
+TRAINING_PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def measured_memory(snapshot: dict[str, Any]) -> dict[str, int]:
+    """What one rank's snapshot measured, in the terms ``fastgen dryrun`` estimates (bytes):
+
+    * ``state`` - at the trainer's notes (the start of the window, before and after every optimizer step), the bytes
+      of the distinct storages holding parameters, gradients and optimizer state, summed; the largest such sum;
+    * ``replayed_state`` - those three categories at their largest simultaneous sum in the replay of every block;
+    * ``training_peak`` - the largest total of all live blocks during the data / forward / backward / optimizer
+      phases (the callbacks phase is left out: a checkpoint there gathers full tensors, which is not training);
+    * ``peak`` - the largest total overall; plus ``state_<role>`` for each role at the ``state`` note.
+    """
+    notes: dict[int, dict[str, dict[int, int]]] = {}
+    for t, role, ptr, nbytes in snapshot["roles"]:
+        notes.setdefault(int(t), {}).setdefault(role, {})[int(ptr)] = int(nbytes)
+    by_note = [{role: sum(notes[t].get(role, {}).values()) for role in STATE_ROLES} for t in sorted(notes)]
+    state = max(by_note, key=lambda roles: sum(roles.values()), default=dict.fromkeys(STATE_ROLES, 0))
+    analysis = analyse(snapshot)
+    index = {c: i for i, c in enumerate(CATEGORIES)}
+    replayed = training_peak = 0
+    for t, values in analysis.points:
+        replayed = max(replayed, sum(values[index[c]] for c in STATE_ROLES))
+        phase = phase_at(analysis.phases, t)
+        if phase is not None and phase.name in TRAINING_PHASES:
+            training_peak = max(training_peak, sum(values))
+    return {"state": sum(state.values()), **{f"state_{k}": v for k, v in state.items()}, "replayed_state": replayed,
+            "training_peak": training_peak, "peak": analysis.peak_bytes}

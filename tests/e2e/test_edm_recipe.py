@@ -58,6 +58,8 @@ def test_dryrun_needs_no_data_and_prints_the_parameter_counts(output_root: Path,
                                          "fake_score": NET_PARAMS, "discriminator": DISC_PARAMS}
     assert str(absent / "cifar10") in result.stdout  # the data path, from DATA_ROOT_DIR
     assert str(absent / "cifar10" / "edm_teacher.pth") in result.stdout
+    peak_row = next(line for line in result.stdout.splitlines() if "training peak" in line)
+    assert "not estimated without the training data" in peak_row
     assert not absent.exists() and _files_under(output_root) == []
 
 

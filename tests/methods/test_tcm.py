@@ -125,7 +125,8 @@ def tcm_config(stage: int, teacher_ckpt: Path, stage1_ckpt: str | None = None, s
 @pytest.mark.slow
 def test_two_stages_improve_one_step_samples(toy_teacher_ckpt: Path, toy_teacher_energy: float) -> None:
     """Seeds 0-5 of ``tests/methods/measure_toy_quality.py``: stage 2 / stage 1 energy distance 0.55 0.61 0.75
-    0.51 0.59 0.52 (stage 2 must not be more than 1.5x worse than stage 1). 1-step stage 2: 0.0139 0.0186 0.0265
+    0.51 0.59 0.52: stage 2 must improve on stage 1, bound 0.9 (1.2x the worst, 0.75; a stage 2 that learns
+    nothing scores 1.0 and fails). 1-step stage 2: 0.0139 0.0186 0.0265
     0.0153 0.0190 0.0267; the teacher (EMA, 18 Heun steps) 0.0021 - 0.0046 (0.0021 at seed 0, which the test
     uses). Worst student over best teacher 12.6 -> bound 16x (1.25x that, so that either random stream may
     change)."""
@@ -139,7 +140,7 @@ def test_two_stages_improve_one_step_samples(toy_teacher_ckpt: Path, toy_teacher
     after = toy_energy(model)
     report("TCM stage 1 (CT, 1 step)", before, stage1)
     report("TCM stage 2 (from stage 1, 1 step)", stage1, after)
-    assert stage1 < 0.1 * before and after < 0.1 * before and after < 1.5 * stage1
+    assert stage1 < 0.1 * before and after < 0.1 * before and after < 0.9 * stage1
     assert after < 16.0 * toy_teacher_energy
     samples, _ = draw_samples(model, 64, seed=0)
     assert samples.shape == (64, 2)
