@@ -103,14 +103,15 @@ class CMModel(DistillationModel):
 
     @torch.no_grad()
     def consistency_target(self, x_r: torch.Tensor, r: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
-        """``sg(f(x_r, r))`` from the online network, and ``x_r`` where ``r = 0`` (the boundary condition)."""
+        """``sg(f(x_r, r))`` from the online network, and ``x_r`` where ``r = 0`` (the boundary condition).
+
+        The network runs on the whole batch even when no ``r`` is positive (rare): asking first would make the host
+        wait for the device every step, and a step whose work depends on tensor values cannot be traced on fake
+        tensors (``fastgen dryrun``'s training peak)."""
         positive = r > 0
-        target = x_r
-        if bool(positive.any()):
-            r_safe = torch.where(positive, r, torch.ones_like(r))  # never evaluate the network at t = 0
-            f_r = self.target_function()(x_r, r_safe, condition=condition, fwd_pred_type="x0")
-            target = torch.where(batch_mask(positive, x_r), torch.nan_to_num(f_r), x_r)
-        return target
+        r_safe = torch.where(positive, r, torch.ones_like(r))  # never evaluate the network at t = 0
+        f_r = self.target_function()(x_r, r_safe, condition=condition, fwd_pred_type="x0")
+        return torch.where(batch_mask(positive, x_r), torch.nan_to_num(f_r), x_r)
 
     def weight(self, t: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         if self.config.weighting == "uniform":

@@ -88,6 +88,7 @@ class SCMModel(DistillationModel):
         self.time_dist = TimeDistribution("tan_lognormal", config.P_mean, config.P_std, sigma_data=self.sigma_data)
         self.tangents = Tangents(config.jvp, config.fd_step)
         self.logvar: nn.Module | None = LogVarHead(self.sigma_data) if config.adaptive_weighting else None
+        self._time_range = self._compute_time_range()
 
     def uses_teacher(self) -> bool:
         return self.config.mode == "cd"
@@ -108,7 +109,12 @@ class SCMModel(DistillationModel):
 
     # ---- TrigFlow ---------------------------------------------------------------------------------------------
     def time_range(self) -> tuple[float, float]:
-        """TrigFlow times whose noise-to-signal ratio lies in ``[sigma_min, sigma_max]`` and the net's range."""
+        """TrigFlow times whose noise-to-signal ratio lies in ``[sigma_min, sigma_max]`` and the net's range:
+        constants of the config and the schedule, computed once on the host at construction (so a step never
+        reads a tensor's value, and can be traced on fake tensors)."""
+        return self._time_range
+
+    def _compute_time_range(self) -> tuple[float, float]:
         scheduler = self.noise_scheduler
         range_ = torch.tensor([scheduler.t_min, scheduler.t_max], dtype=torch.float64, device="cpu")
         ends = noise_to_signal(scheduler, range_)
