@@ -91,6 +91,18 @@ def parallelize(model: nn.Module, trainer_config: Any, mesh: Any) -> None:
             logger.debug("replicated %s (DDP)", name)
 
 
+def _quiet_size_one_stride_warning() -> None:
+    """DDP's reducer warns "Grad strides do not match bucket view strides" at every backward for a 1x1
+    convolution's weight (shape ``(C, C, 1, 1)``): its gradient comes back with strides ``(C, 1, C, C)``, the bucket
+    view has ``(C, 1, 1, 1)``. Strides of size-1 dimensions never address memory, so both lay the same bytes out
+    the same way and the copy into the bucket costs what it always costs; the warning is noise in every DDP run of
+    the U-Nets. Only that message is filtered; any other stride mismatch still warns."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"Grad strides do not match bucket view strides[\s\S]*"
+                            r"grad\.sizes\(\) = \[\d+, \d+, 1, 1\]")
+
+
 def _replicate(module: nn.Module, mesh: Any) -> None:
     from torch.distributed._composable.replicate import replicate
 
@@ -101,6 +113,7 @@ def _replicate(module: nn.Module, mesh: Any) -> None:
     if device.type == "cuda":
         kwargs["device_id"] = device
     replicate(module, **kwargs)
+    _quiet_size_one_stride_warning()
     # Build the DDP reducer now, while every parameter still requires a gradient: replicate() would build it
     # lazily at the first forward, and a method may run that forward with the module frozen (a GAN's critic read
     # during the generator's step). Every rank builds it here in the same order, and it broadcasts rank 0's weights.
