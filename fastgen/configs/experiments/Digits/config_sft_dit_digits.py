@@ -3,10 +3,11 @@ and the teacher of ``Digits/config_dmd2_dit_digits``.
 
 ``dit_digits``: patch 2 (16 tokens), hidden 96, depth 4, 4 heads, adaLN-Zero, 10 classes plus the null class
 (``condition_dropout = 0.1``), EDM preconditioning with ``sigma_data = 0.5``; 0.72M parameters. Otherwise the
-settings of ``Digits/config_sft_digits`` (Adam at 1e-3, batch 64, EDM2 power EMA, 18 Heun steps), which train
-it stably. How well it learns is measured by ``tests/networks/test_dit.py::test_dit_on_digits_learns``: digits
+settings of ``Digits/config_sft_digits`` (Adam at 1e-3, batch 64, EDM2 power EMA, 18 Heun steps).
+How well it learns is measured by ``tests/networks/test_dit.py::test_dit_on_digits_learns``: digits
 FD of 300 samples (8 Heun steps) of the EMA network falls from ~700 untrained to 226-250 after 150 iterations
-(trainer seeds 0-2); the full recipe is 1,000 iterations.
+(trainer seeds 0-2), though the samples' classifier accuracy is still at chance then; the full recipe is
+1,000 iterations, whose quality has not been measured.
 """
 
 from __future__ import annotations
