@@ -36,42 +36,42 @@ def dit(input_size: int = 32, in_channels: int = 4, num_classes: int = 1000, hid
     )
 
 
-def DiT_S_2(schedule: DictConfig | None = None, num_classes: int = 1000) -> DictConfig:  # noqa: N802
+def DiT_S_2(schedule: DictConfig | None = None, num_classes: int = 1000) -> DictConfig:
     """DiT-S/2 (33M parameters in the paper)."""
     return dit(hidden_size=384, depth=12, num_heads=6, num_classes=num_classes, schedule=schedule)
 
 
-def DiT_B_2(schedule: DictConfig | None = None, num_classes: int = 1000) -> DictConfig:  # noqa: N802
+def DiT_B_2(schedule: DictConfig | None = None, num_classes: int = 1000) -> DictConfig:
     """DiT-B/2 (130M)."""
     return dit(hidden_size=768, depth=12, num_heads=12, num_classes=num_classes, schedule=schedule)
 
 
-def DiT_L_2(schedule: DictConfig | None = None, num_classes: int = 1000) -> DictConfig:  # noqa: N802
+def DiT_L_2(schedule: DictConfig | None = None, num_classes: int = 1000) -> DictConfig:
     """DiT-L/2 (458M)."""
     return dit(hidden_size=1024, depth=24, num_heads=16, num_classes=num_classes, schedule=schedule)
 
 
-def DiT_XL_2(schedule: DictConfig | None = None, num_classes: int = 1000) -> DictConfig:  # noqa: N802
+def DiT_XL_2(schedule: DictConfig | None = None, num_classes: int = 1000) -> DictConfig:
     """DiT-XL/2 (675M)."""
     return dit(hidden_size=1152, depth=28, num_heads=16, num_classes=num_classes, schedule=schedule)
 
 
-def SiT_S_2(num_classes: int = 1000) -> DictConfig:  # noqa: N802
+def SiT_S_2(num_classes: int = 1000) -> DictConfig:
     """SiT-S/2: DiT-S/2 on the rectified-flow schedule (Ma et al. 2024's linear interpolant, velocity target)."""
     return DiT_S_2(schedule=flow_schedule(), num_classes=num_classes)
 
 
-def SiT_B_2(num_classes: int = 1000) -> DictConfig:  # noqa: N802
+def SiT_B_2(num_classes: int = 1000) -> DictConfig:
     """SiT-B/2."""
     return DiT_B_2(schedule=flow_schedule(), num_classes=num_classes)
 
 
-def SiT_L_2(num_classes: int = 1000) -> DictConfig:  # noqa: N802
+def SiT_L_2(num_classes: int = 1000) -> DictConfig:
     """SiT-L/2."""
     return DiT_L_2(schedule=flow_schedule(), num_classes=num_classes)
 
 
-def SiT_XL_2(num_classes: int = 1000) -> DictConfig:  # noqa: N802
+def SiT_XL_2(num_classes: int = 1000) -> DictConfig:
     """SiT-XL/2."""
     return DiT_XL_2(schedule=flow_schedule(), num_classes=num_classes)
 

@@ -8,15 +8,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from fastgen_testing import run_cli
 from omegaconf import DictConfig
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.configs.net import flow_schedule
-from fastgen.configs.net_dit import DiT_B_2, DiT_L_2, DiT_S_2, DiT_XL_2, SiT_XL_2, dit_digits
+from fastgen.configs.net_dit import (
+    DiT_B_2,
+    DiT_L_2,
+    DiT_S_2,
+    DiT_XL_2,
+    SiT_XL_2,
+    dit_digits,
+)
 from fastgen.networks.diffusion_net import DiffusionNet
 from fastgen.networks.dit import DiT, DiTBlock
 from fastgen.networks.noise_schedules import RectifiedFlowScheduler
-from fastgen_testing import run_cli
 
 
 def _count(module: torch.nn.Module) -> int:

@@ -15,7 +15,9 @@ tuned for the U-Net; they are not re-tuned for DiT (this recipe is checked to tr
 from __future__ import annotations
 
 from fastgen.configs.config import BaseConfig
-from fastgen.configs.experiments.Digits.config_dmd2_digits import create_config as dmd2_digits
+from fastgen.configs.experiments.Digits.config_dmd2_digits import (
+    create_config as dmd2_digits,
+)
 from fastgen.configs.net_dit import dit_digits
 
 

@@ -13,7 +13,9 @@ FD of 300 samples (8 Heun steps) of the EMA network falls from ~700 untrained to
 from __future__ import annotations
 
 from fastgen.configs.config import BaseConfig
-from fastgen.configs.experiments.Digits.config_sft_digits import create_config as sft_digits
+from fastgen.configs.experiments.Digits.config_sft_digits import (
+    create_config as sft_digits,
+)
 from fastgen.configs.net_dit import dit_digits
 
 
