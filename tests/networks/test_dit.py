@@ -234,7 +234,7 @@ def test_dit_on_digits_learns(output_root: Path, monkeypatch: pytest.MonkeyPatch
     What it does not show: 150 iterations learn the digits' pixel statistics, not yet their shapes or classes
     (the evaluation's classifier accuracy stays at chance, 0.11-0.13). A DiT without its position embedding
     reaches the same FD (246 at seed 0), and so does one without its timestep conditioning (236): this test
-    catches a network that does not learn, not a wrong architecture; ``test_position_embedding_and_null_class``
+    catches a network that does not learn (a frozen output layer stays at 699.5), not a wrong architecture; ``test_position_embedding_and_null_class``
     and ``test_adaln_zero_...`` guard the architecture."""
     from fastgen.configs.config_utils import load_config
     from fastgen.evaluation.evaluate import evaluate_model
