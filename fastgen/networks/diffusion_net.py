@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastgen.networks.layers import contract_output
 from fastgen.networks.noise_schedules import NoiseScheduler, expand_like
 
 
@@ -82,11 +83,4 @@ class DiffusionNet(nn.Module):
         pred = expand_like(c_skip, x_t) * x_t + expand_like(c_out, x_t) * out.to(x_t.dtype)
         if fwd_pred_type is not None and fwd_pred_type != self.native_pred_type:
             pred = self.noise_scheduler.convert(pred, x_t, t, self.native_pred_type, fwd_pred_type)
-        if features is None and logvar is None:
-            return pred
-        result: tuple[Any, ...] = (pred,)
-        if features is not None:
-            result += (features,)
-        if logvar is not None:
-            result += (logvar,)
-        return result
+        return contract_output(pred, features, logvar)

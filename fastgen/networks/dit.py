@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fastgen.networks.layers import FourierEmbedding, as_one_hot
+from fastgen.networks.layers import FourierEmbedding, as_one_hot, contract_output
 
 
 def sincos_pos_embed_2d(dim: int, grid: int) -> torch.Tensor:
@@ -254,14 +254,8 @@ class DiT(nn.Module):
         if features_only:
             return features
         out = self.unpatchify(self.final_layer(h, c))
-        if feature_indices is None and not return_logvar:
-            return out
-        result: tuple[Any, ...] = (out,)
-        if feature_indices is not None:
-            result += (features,)
-        if return_logvar:
-            result += (self.logvar(c_noise).to(x.dtype),)
-        return result
+        return contract_output(out, features if feature_indices is not None else None,
+                               self.logvar(c_noise).to(x.dtype) if return_logvar else None)
 
     def logvar(self, c_noise: torch.Tensor) -> torch.Tensor:
         """The uncertainty ``u(sigma)``, shape ``(B,)`` (EDM2 Eq. 21)."""

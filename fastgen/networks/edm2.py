@@ -51,7 +51,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fastgen.networks.layers import as_one_hot
+from fastgen.networks.layers import as_one_hot, contract_output
 
 #: Root mean square of ``silu(x)`` for ``x ~ N(0, 1)`` (EDM2 Eq. 81).
 SILU_RMS = 0.596
@@ -444,14 +444,8 @@ class EDM2UNet(nn.Module):
                 h = mp_cat(h, skips.pop(), t=self.concat_balance)
             h = block(h, emb)
         out = self.out_conv(h, gain=self.out_gain)
-        if feature_indices is None and not return_logvar:
-            return out
-        result: tuple[Any, ...] = (out,)
-        if feature_indices is not None:
-            result += (features,)
-        if return_logvar:
-            result += (self.logvar(c_noise).to(x.dtype),)
-        return result
+        return contract_output(out, features if feature_indices is not None else None,
+                               self.logvar(c_noise).to(x.dtype) if return_logvar else None)
 
     def logvar(self, c_noise: torch.Tensor) -> torch.Tensor:
         """The uncertainty ``u(sigma)``, shape ``(B,)`` (EDM2 Eq. 21)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,3 +53,17 @@ def as_one_hot(condition: torch.Tensor, num_classes: int) -> torch.Tensor:
     if condition.dim() == 1:
         return nn.functional.one_hot(condition.long(), num_classes).float()
     return condition.float()
+
+
+def contract_output(out: torch.Tensor, features: list[torch.Tensor] | None = None,
+                    logvar: torch.Tensor | None = None) -> Any:
+    """What a backbone (and ``DiffusionNet``) returns under the network contract: ``out`` alone when nothing else
+    was asked for, else ``(out, features, logvar)`` with only the parts that were (``None`` = not asked for)."""
+    if features is None and logvar is None:
+        return out
+    result: tuple[Any, ...] = (out,)
+    if features is not None:
+        result += (features,)
+    if logvar is not None:
+        result += (logvar,)
+    return result
