@@ -274,42 +274,38 @@ def run_throughput(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         return {"model": {name: net.state_dict() for name, net in model.model_dict.items()},
                 "optimizers": {name: opt.state_dict() for name, opt in model.optimizer_dict.items()}}
 
-    def save_manager() -> tuple[float, int]:
+    def timed(write: Any) -> tuple[float, int]:
+        """Seconds of ``write()`` (which returns the file it wrote) and that file's size; the file is removed."""
+        t0 = time.perf_counter()
+        path = write()
+        seconds = time.perf_counter() - t0
+        size = path.stat().st_size
+        path.unlink()
+        return seconds, size
+
+    def manager_save() -> Path:
         nonlocal iteration
         iteration += 1
-        t0 = time.perf_counter()
-        marker = Path(manager.save(_state(model, iteration)))
-        seconds = time.perf_counter() - t0
-        size = marker.stat().st_size
-        marker.unlink()
-        return seconds, size
+        return Path(manager.save(_state(model, iteration)))
 
-    def save_plain() -> tuple[float, int]:
-        t0 = time.perf_counter()
+    def plain_save() -> Path:
         torch.save(plain_payload(), plain)
-        seconds = time.perf_counter() - t0
-        size = plain.stat().st_size
-        plain.unlink()
-        return seconds, size
+        return plain
 
-    def save_plain_fsync() -> tuple[float, int]:
-        t0 = time.perf_counter()
+    def plain_save_fsync() -> Path:
         payload = plain_payload()
         atomic_write_with(plain, lambda handle: torch.save(payload, handle))
-        seconds = time.perf_counter() - t0
-        size = plain.stat().st_size
-        plain.unlink()
-        return seconds, size
+        return plain
 
-    sides = {"manager": save_manager, "torch_save": save_plain, "torch_save_fsync": save_plain_fsync}
+    sides = {"manager": manager_save, "torch_save": plain_save, "torch_save_fsync": plain_save_fsync}
     names = list(sides)
     for _ in range(args.warmup):
         for name in names:
-            sides[name]()
+            timed(sides[name])
     rows = []
     for r in range(1, args.mono_rounds + 1):
         order = names[(r - 1) % 3:] + names[:(r - 1) % 3]
-        measured = {name: sides[name]() for name in order}
+        measured = {name: timed(sides[name]) for name in order}
         rate = {name: size / seconds for name, (seconds, size) in measured.items()}
         row = {"round": r, "order": "/".join(order),
                **{f"{name}_s": measured[name][0] for name in names},
