@@ -44,6 +44,18 @@ def image_zip_loader(path: str, batch_size: int = 128, xflip: bool = False, seed
     )
 
 
+def webdataset_loader(datatags: list[str], batch_size: int = 128, fields: dict[str, str] | None = None,
+                      shuffle_buffer: int = 1000, seed: int = 0, num_workers: int = 0) -> DictConfig:
+    """WebDataset shards (``fastgen.datasets.webdataset``): ``datatags`` is a list of ``WDS:<folder, .tar file or
+    s3://bucket/prefix>``; ``fields`` maps batch keys to extensions (default ``{"real": "png;jpg;jpeg;webp;npy"}``;
+    add ``condition: cls`` for class labels). Override the shards with
+    ``- dataloader_train.datatags=[WDS:/data/my_shards]``; local paths are checked before training."""
+    return LazyCall("fastgen.datasets.webdataset.build_webdataset_loader")(
+        datatags=list(datatags), batch_size=batch_size, fields=dict(fields) if fields is not None else None,
+        shuffle=True, shuffle_buffer=shuffle_buffer, seed=seed, num_workers=num_workers,
+    )
+
+
 CIFAR10_FILES = {"train": "cifar10-32x32.zip", "test": "cifar10-32x32-test.zip"}
 
 

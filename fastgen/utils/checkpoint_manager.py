@@ -302,8 +302,13 @@ class CheckpointManager:
         """This rank's loader positions and random streams. At the saving world size each rank takes its own;
         at another, loaders continue from the global position and the streams are derived (``derived_seed``)."""
         loaders = rank_entry(payload, "dataloaders") or {}
+        every_rank = (payload.get("per_rank") or {}).get("dataloaders") or {}
         for key, loader in state.loaders.items():
-            if loaders.get(key) is not None and hasattr(loader, "load_state_dict"):
+            if hasattr(loader, "load_every_rank_state") and every_rank and all(
+                    (every_rank[rank] or {}).get(key) is not None for rank in every_rank):
+                # a streaming loader (WebDataset) resplits every old rank's remainder at another world size
+                loader.load_every_rank_state([every_rank[rank][key] for rank in sorted(every_rank)])
+            elif loaders.get(key) is not None and hasattr(loader, "load_state_dict"):
                 loader.load_state_dict(loaders[key])
         saved_world = int(payload.get("world_size") or len(payload.get("rng") or {}) or 1)
         if saved_world == dist_utils.get_world_size():
