@@ -41,6 +41,10 @@ Fields that matter for scaling:
   allocates only its shards; rank 0 alone builds the method for real on the host (initial weights: teacher,
   student init, ``pretrained_ckpt_path``) and broadcasts the weights into every rank's shards. A multi-rank run
   then holds one full copy of the weights on the host instead of one per rank (large models).
+* ``model.activation_checkpointing`` - every block (``shard_units()``) of the trained networks stores only its input
+  in forward and recomputes its activations in backward: activation memory drops to the block inputs plus one
+  block's, for about one more forward pass per step. Checkpoint keys are unchanged; composes with DDP and FSDP2
+  (``fastgen.utils.parallelize.apply_activation_checkpointing``).
 * ``model.torch_compile_mode`` - ``torch.compile`` mode for the student network; not available yet: refused.
 """
 
@@ -145,6 +149,7 @@ class BaseModelConfig(StrictConfig):
     sample_steps: int = 18  # deterministic Heun steps for sampling (2*steps-1 network evaluations)
     guidance_scale: Optional[float] = None
     meta_init: bool = False
+    activation_checkpointing: bool = False  # recompute each trained block's activations in backward
     torch_compile_mode: Optional[str] = None
     pretrained_model_path: Optional[str] = None
 

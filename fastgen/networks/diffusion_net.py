@@ -35,6 +35,12 @@ class DiffusionNet(nn.Module):
         units = getattr(self.backbone, "shard_units", None)
         return list(units()) if callable(units) else []
 
+    def optional_parameters(self) -> list[nn.Parameter]:
+        """Parameters a forward uses only when asked (the backbone's, e.g. a log-variance head read with
+        ``return_logvar``): DDP must look for unused parameters in a network that has any."""
+        optional = getattr(self.backbone, "optional_parameters", None)
+        return list(optional()) if callable(optional) else []
+
     @property
     def native_pred_type(self) -> str:
         return self.noise_scheduler.native_pred_type

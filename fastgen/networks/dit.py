@@ -257,6 +257,10 @@ class DiT(nn.Module):
         return contract_output(out, features if feature_indices is not None else None,
                                self.logvar(c_noise).to(x.dtype) if return_logvar else None)
 
+    def optional_parameters(self) -> list[nn.Parameter]:
+        """The log-variance head's parameters: a forward uses them only with ``return_logvar``."""
+        return list(self.logvar_linear.parameters()) + list(self.logvar_fourier.parameters())
+
     def logvar(self, c_noise: torch.Tensor) -> torch.Tensor:
         """The uncertainty ``u(sigma)``, shape ``(B,)`` (EDM2 Eq. 21)."""
         return self.logvar_linear(self.logvar_fourier(c_noise).to(self.logvar_linear.weight.dtype)).reshape(-1)

@@ -139,7 +139,11 @@ def _method_on_meta(config: Any, world_size: int) -> Iterator[Any]:
         with sharded_meta_model(config, world_size) as (model, _mesh):
             yield model
     else:
-        yield build_meta_model(config)
+        from fastgen.utils.parallelize import apply_activation_checkpointing
+
+        model = build_meta_model(config)
+        apply_activation_checkpointing(model)
+        yield model
 
 
 def _bucket_bytes(model: Any) -> int:

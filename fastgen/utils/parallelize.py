@@ -70,8 +70,44 @@ def named_networks(model: nn.Module) -> dict[str, nn.Module]:
     return networks
 
 
+def apply_activation_checkpointing(model: nn.Module) -> int:
+    """``model.activation_checkpointing``: every shard unit of every *trained* network keeps only its input during
+    forward and recomputes its activations in backward (Chen et al. 2016, "Training Deep Nets with Sublinear
+    Memory Cost", Sec. 3: memory for the stored activations drops from the sum over blocks to the block inputs
+    plus one block's activations, for about one extra forward pass of compute).
+
+    torch's composable ``checkpoint`` (non-reentrant, random state preserved, so a recomputed dropout draws what
+    the forward drew) hooks the module in place: parameter names and state-dict keys do not change, so
+    checkpoints are the same with or without it, and ``fully_shard`` / ``replicate`` compose on top (applied
+    first, as torchtitan does). Frozen networks (a teacher, EMA copies) run without gradients and store nothing,
+    so they are left alone. Idempotent; returns the number of blocks checkpointed now."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "activation_checkpointing", False):
+        return 0
+    from torch.distributed._composable import checkpoint
+
+    count = 0
+    for name, network in getattr(model, "trainable_modules", {}).items():
+        units = shard_units(network)
+        if not units:
+            from fastgen.utils.errors import ConfigError
+
+            raise ConfigError(f"model.activation_checkpointing=True: the trained network {name!r} "
+                              f"({type(network).__name__}) lists no blocks (shard_units) to checkpoint")
+        for unit in units:
+            if not getattr(unit, "_fastgen_checkpointed", False):
+                checkpoint(unit)
+                unit._fastgen_checkpointed = True
+                count += 1
+    if count:
+        logger.debug("activation checkpointing on %d blocks", count)
+    return count
+
+
 def parallelize(model: nn.Module, trainer_config: Any, mesh: Any) -> None:
-    """Replicate or shard ``model``'s networks in place (see the module docstring)."""
+    """Apply activation checkpointing if the method's config asks for it, then replicate or shard ``model``'s
+    networks in place (see the module docstring)."""
+    apply_activation_checkpointing(model)
     mode = distributed_mode(trainer_config)
     if mode is None or mesh is None:
         return
@@ -89,6 +125,12 @@ def parallelize(model: nn.Module, trainer_config: Any, mesh: Any) -> None:
         elif id(module) in trained:
             _replicate(module, mesh)
             logger.debug("replicated %s (DDP)", name)
+
+
+def _optional_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """Parameters ``module`` declares it uses only on request (``optional_parameters()``, e.g. a log-variance head)."""
+    declared = getattr(module, "optional_parameters", None)
+    return list(declared()) if callable(declared) else []
 
 
 def _quiet_size_one_stride_warning() -> None:
@@ -110,6 +152,10 @@ def _replicate(module: nn.Module, mesh: Any) -> None:
     # Buffers are not broadcast every forward: fastgen's networks have no running statistics, and every rank
     # builds and loads identical buffers (RankConsistencyCallback / `fastgen check-ranks` verify it).
     kwargs: dict[str, Any] = {"forward_sync_buffers": False}
+    if any(p.requires_grad for p in _optional_parameters(module)):
+        # a head the method may not read this step (a log-variance): DDP's reducer would wait for its gradients
+        # forever; searching the graph for unused parameters costs one traversal per backward, only here
+        kwargs["find_unused_parameters"] = True
     if device.type == "cuda":
         kwargs["device_id"] = device
     replicate(module, **kwargs)

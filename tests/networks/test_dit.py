@@ -207,15 +207,19 @@ def test_fastgen_trains_the_sft_dit_recipe_then_dmd2_from_its_teacher(output_roo
 
 
 @pytest.mark.slow
-def test_two_rank_fsdp_trains_the_sft_dit_recipe(output_root: Path, tmp_path: Path) -> None:
-    """``fastgen train --nproc-per-node 2`` with FSDP2 sharding the DiT block by block (its shard units)."""
+@pytest.mark.parametrize("mode", ["fsdp", "ddp"])
+def test_two_ranks_train_the_sft_dit_recipe_with_activation_checkpointing(mode: str, output_root: Path,
+                                                                           tmp_path: Path) -> None:
+    """``fastgen train --nproc-per-node 2`` with FSDP2 sharding the DiT block by block (its shard units) or DDP
+    replicating it, each block also activation-checkpointed (checkpoint first, then ``fully_shard`` / ``replicate``).
+    DDP also meets the DiT's log-variance head, which SFT never reads (``optional_parameters``)."""
     from multirank import fastgen
 
     result = fastgen("train", "--nproc-per-node", "2", "-c", "Digits/config_sft_dit_digits", "--eval-samples", "0",
-                     "-", *TRAIN, "trainer.fsdp=True", "dataloader_train.batch_size=16", "log_config.name=fsdp_dit",
-                     cwd=tmp_path, env=_cli_env())
+                     "-", *TRAIN, f"trainer.{mode}=True", "model.activation_checkpointing=True",
+                     "dataloader_train.batch_size=16", f"log_config.name={mode}_dit", cwd=tmp_path, env=_cli_env())
     assert result.returncode == 0, result.stderr[-3000:]
-    assert any((output_root / "fastgen" / "digits" / "fsdp_dit" / "checkpoints").iterdir())
+    assert any((output_root / "fastgen" / "digits" / f"{mode}_dit" / "checkpoints").iterdir())
 
 
 LEARN_ITERS = 150
