@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from fastgen.callbacks.callback import Callback, CallbackDict
+from fastgen.callbacks.loss_scale import LossScaleCallback
 from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
 from fastgen.utils import distributed as dist_utils
@@ -63,6 +64,7 @@ from fastgen.utils.checkpoint_manager import (
 )
 from fastgen.utils.checkpoint_store import read_whole_checkpoint
 from fastgen.utils.errors import ConfigError, TrainingInterrupted
+from fastgen.utils.amp import autocast
 from fastgen.utils.logging import get_logger
 from fastgen.utils.parallelize import parallelize, set_gradient_sync
 from fastgen.utils.rng import seed_everything
@@ -79,6 +81,24 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(v, device) for v in batch)
     return batch
+
+
+def _loss_scale_first(callbacks: CallbackDict, precision_amp: str | None) -> LossScaleCallback | None:
+    """float16 autocast needs loss scaling: the configured ``LossScaleCallback`` or a default one, moved to the front
+    (it unscales the gradients before any other callback reads them). Refused without float16."""
+    scalers = [name for name, callback in callbacks.items() if isinstance(callback, LossScaleCallback)]
+    if precision_amp != "float16":
+        if scalers:
+            raise ConfigError(f"trainer.callbacks.{scalers[0]}: loss scaling is for model.precision_amp=float16 "
+                              f"(it is {precision_amp}); remove the callback")
+        return None
+    if len(scalers) > 1:
+        raise ConfigError(f"trainer.callbacks: one loss scale callback, not {len(scalers)} ({', '.join(scalers)})")
+    name = scalers[0] if scalers else "loss_scale"
+    if not scalers:
+        callbacks.add(name, LossScaleCallback())
+    callbacks.move_to_front(name)
+    return callbacks[name]
 
 
 def _build_loader(node: Any, key: str) -> Any:
@@ -166,9 +186,14 @@ class Trainer:
             self.callbacks.add(str(name), callback)
         for name, callback in (extra_callbacks or {}).items():
             self.callbacks.add(name, callback)
+        self._loss_scale = _loss_scale_first(self.callbacks, config.model.precision_amp)
         self.callbacks.bind(config, self)
         for name, callback in self.callbacks.items():
             logger.debug("callback %s: %s.%s", name, type(callback).__module__, type(callback).__qualname__)
+
+    def _autocast(self) -> Any:
+        """``model.precision_amp``: the training and validation steps' autocast (a no-op context when off)."""
+        return autocast(self.device.type, self.config.model.precision_amp)
 
     # ---- API for callbacks -------------------------------------------------------------------------------
     def skip_step(self, reason: str) -> None:
@@ -473,10 +498,12 @@ class Trainer:
                     set_gradient_sync(model, self.stepping, final_round=accum_iter == rounds - 1)
                 data = _to_device(next(loader), device)
                 cb.on_training_accum_step_begin(model, data, iteration=iteration, accum_iter=accum_iter)
-                with model.bind_batch(data, iteration, seed=cfg.seed):
+                with model.bind_batch(data, iteration, seed=cfg.seed), self._autocast():
                     loss_dict, outputs = model.single_train_step(data, iteration)
                 cb.on_backward_begin(model, data, outputs, loss_dict, iteration=iteration, accum_iter=accum_iter)
                 loss = loss_dict["total_loss"]
+                if self._loss_scale is not None:
+                    loss = self._loss_scale.scale_loss(loss)
                 (loss / rounds if rounds > 1 else loss).backward()
                 cb.on_training_accum_step_end(model, data, outputs, loss_dict, iteration=iteration, accum_iter=accum_iter)
                 if loss_sums is not None:
@@ -540,7 +567,7 @@ class Trainer:
             for _ in range(steps):
                 data = _to_device(next(self.dataloader_val), self.device)
                 cb.on_validation_step_begin(model, data, iteration=self.iteration)
-                with model.bind_batch(data, self.iteration, seed=self.config.trainer.seed, stream="val"):
+                with model.bind_batch(data, self.iteration, seed=self.config.trainer.seed, stream="val"), self._autocast():
                     loss_dict = model.validation_step(data, self.iteration)
                 cb.on_validation_step_end(model, data, {}, loss_dict, iteration=self.iteration)
                 for key, value in loss_dict.items():

@@ -139,6 +139,11 @@ class CallbackDict(Mapping[str, Callback]):
         self._callbacks[name] = callback
         self.refresh()
 
+    def move_to_front(self, name: str) -> None:
+        """Call ``name``'s hooks before every other callback's (one that others depend on, e.g. loss scaling)."""
+        self._callbacks = {name: self._callbacks[name], **{n: c for n, c in self._callbacks.items() if n != name}}
+        self.refresh()
+
     def refresh(self, hook: str | None = None) -> None:
         """Drop the cached caller of ``hook`` (default: every hook), so the next call rebuilds it from the
         callbacks' current methods - after a callback is added, or a callback's hook method is replaced."""

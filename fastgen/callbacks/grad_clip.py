@@ -108,6 +108,8 @@ class GradClipCallback(Callback):
         return self._params[key]
 
     def on_optimizer_step_begin(self, model: Any, iteration: int = 0) -> None:
+        if self.trainer.step_skipped:  # an earlier callback skipped it (a float16 overflow): not ours to count
+            return
         grads = [p.grad for p in self._parameters(model, self.trainer.stepping) if p.grad is not None]
         if not grads:
             return

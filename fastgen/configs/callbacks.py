@@ -26,6 +26,11 @@ EMA_HALFLIFE_CALLBACK: dict[str, DictConfig] = {
 GradClip_CALLBACK: dict[str, DictConfig] = {
     "grad_clip": LazyCall("fastgen.callbacks.grad_clip.GradClipCallback")(grad_norm=1.0, max_consecutive_nonfinite=20),
 }
+# float16 autocast's dynamic loss scaling; the trainer adds it with these defaults when model.precision_amp=float16
+LOSS_SCALE_CALLBACK: dict[str, DictConfig] = {
+    "loss_scale": LazyCall("fastgen.callbacks.loss_scale.LossScaleCallback")(
+        init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000),
+}
 WANDB_CALLBACK: dict[str, DictConfig] = {
     "wandb": LazyCall("fastgen.callbacks.wandb.WandbCallback")(sample_iter=1000, num_samples=64),
 }

@@ -37,6 +37,12 @@ Fields that matter for scaling:
 * ``trainer.fsdp_shard_size`` - hybrid sharding (HSDP): shard within groups of this many ranks and replicate across
   groups (a 2-D ``replicate x shard`` mesh, e.g. 8 = one node of 8 GPUs); ``None`` shards over all ranks.
 * ``model.precision`` - dtype of the networks' weights (``float32``, ``bfloat16``, ``float16``).
+* ``model.precision_amp`` - mixed precision: training and validation steps run under ``torch.autocast`` in this
+  dtype (``bfloat16``, ``float16``; ``None``: off) while the weights, gradients and optimizer stay in
+  ``model.precision`` (which must then be ``float32``). ``float16`` adds dynamic loss scaling
+  (``fastgen.callbacks.loss_scale``): overflowing steps are skipped and the scale adapts. ``bfloat16`` needs no
+  scaling and works on CPU too. With FSDP, ``trainer.fsdp_param_dtype`` is the other way to compute in low precision.
+* ``model.precision_amp_infer`` - the autocast dtype of sampling (W&B grids, ``fastgen sample`` / ``eval``).
 * ``model.meta_init`` - every rank builds the networks on the meta device (no memory), shards them (FSDP) and
   allocates only its shards; rank 0 alone builds the method for real on the host (initial weights: teacher,
   student init, ``pretrained_ckpt_path``) and broadcasts the weights into every rank's shards. A multi-rank run
@@ -146,6 +152,8 @@ class BaseModelConfig(StrictConfig):
     # True (one EMA network named "ema") or the EMA networks' names; W&B samples come from the first one.
     use_ema: Union[bool, list[str]] = False
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
+    precision_amp: Optional[Literal["bfloat16", "float16"]] = None  # autocast dtype of training / validation steps
+    precision_amp_infer: Optional[Literal["bfloat16", "float16"]] = None  # autocast dtype of sampling
     sample_steps: int = 18  # deterministic Heun steps for sampling (2*steps-1 network evaluations)
     guidance_scale: Optional[float] = None
     meta_init: bool = False

@@ -448,6 +448,10 @@ def validate_config(config: BaseConfig) -> BaseConfig:
         raise ConfigError(f"trainer.dist_timeout_s must be positive, got {t.dist_timeout_s}")
     if t.fsdp_shard_size is not None and t.fsdp_shard_size < 1:
         raise ConfigError(f"trainer.fsdp_shard_size must be positive or null, got {t.fsdp_shard_size}")
+    m = config.model
+    if m.precision_amp is not None and m.precision != "float32":
+        raise ConfigError(f"model.precision_amp={m.precision_amp} computes in {m.precision_amp} from float32 weights: "
+                          f"set model.precision=float32 (it is {m.precision})")
     from fastgen.configs.checks import check_lazy_calls
 
     check_lazy_calls(config)

@@ -253,7 +253,7 @@ def draw_samples(model: Any, n: int, seed: int = 0, batch_size: int = 256, net: 
             count = min(batch_size, n - start)
             noise = initial_noise(scheduler, shape, seed, start, count).to(device=device, dtype=dtype)
             condition = labels[start : start + count].to(device) if labels is not None else None
-            with torch.random.fork_rng(devices=cuda):
+            with torch.random.fork_rng(devices=cuda), _inference_autocast(model):
                 torch.manual_seed(_batch_seed(seed, start))
                 x = model.generator_fn(net, noise, steps=steps, condition=condition)
             outputs.append(x.float().cpu())
@@ -351,3 +351,11 @@ __all__ = [
     "save_samples",
     "select_net",
 ]
+
+
+def _inference_autocast(model: Any) -> Any:
+    """The method's sampling autocast (``model.precision_amp_infer``), or none for a model without one."""
+    import contextlib
+
+    context = getattr(model, "inference_autocast", None)
+    return context() if callable(context) else contextlib.nullcontext()

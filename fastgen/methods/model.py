@@ -208,6 +208,12 @@ class FastGenModel(nn.Module):
         flow = self.flow_fn(net, condition, self.config.guidance_scale)
         return heun_sample(flow, noise, self.noise_scheduler, steps)
 
+    def inference_autocast(self) -> Any:
+        """``model.precision_amp_infer``: the autocast of sampling (a no-op context when it is None)."""
+        from fastgen.utils.amp import autocast
+
+        return autocast(next(self.net.parameters()).device.type, getattr(self.config, "precision_amp_infer", None))
+
     def sample_labels(self, n: int, device: torch.device) -> torch.Tensor | None:
         """Balanced labels ``0, 1, ..., C-1, 0, ...`` for conditional sample grids."""
         if self.num_classes <= 0:
@@ -228,7 +234,8 @@ class FastGenModel(nn.Module):
         was_training = net.training
         net.eval()
         try:
-            samples = self.generator_fn(net, noise, steps, labels, generator=generator)
+            with self.inference_autocast():
+                samples = self.generator_fn(net, noise, steps, labels, generator=generator)
         finally:
             net.train(was_training)
         return samples.float(), labels

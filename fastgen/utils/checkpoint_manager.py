@@ -47,23 +47,12 @@ accepts only DCP's own classes (``SafeFileSystemReader``), as every other checkp
 
 from __future__ import annotations
 
-import io
-import pickle
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.checkpoint import (
-    CheckpointException,
-    DefaultLoadPlanner,
-    FileSystemReader,
-)
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-from torch.distributed.checkpoint.metadata import StorageMeta
-from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
 from fastgen.utils import distributed as dist_utils
 from fastgen.utils.checkpoint_store import torch_save_to
@@ -78,9 +67,18 @@ from fastgen.utils.parallelize import (
 )
 from fastgen.utils.rng import capture_rng_state, restore_rng_state, seed_everything
 
+if TYPE_CHECKING:
+    from fastgen.utils.dcp_safe import ReusedHostStager
+
 logger = get_logger(__name__)
-# DCP reports a failure on any rank as ``CheckpointException``, which derives from ``BaseException``.
-_SAVE_ERRORS = (Exception, CheckpointException)
+
+def _save_errors() -> tuple[type[BaseException], ...]:
+    """What a save or load may raise: any ``Exception``, and DCP's ``CheckpointException`` (a failure on any rank),
+    which derives from ``BaseException``. Imported when an error is matched (DCP is loaded by then): importing
+    torch.distributed.checkpoint costs half a second at start-up, which one-process runs do not need."""
+    from torch.distributed.checkpoint import CheckpointException
+
+    return (Exception, CheckpointException)
 VERSION = 3  # 3: per-rank callback / loader state; sharded checkpoints (a marker + a DCP folder)
 MONOLITHIC, SHARDED = "monolithic", "sharded"
 
@@ -119,7 +117,7 @@ class CheckpointManager:
         self.seed = seed
         self._pending: _PendingSave | None = None
         self._async_group: Any = None
-        self._stager: _ReusedHostStager | None = None  # async sharded saves: host buffers kept between saves
+        self._stager: ReusedHostStager | None = None  # async sharded saves: host buffers kept between saves
 
     # ---- discovery -------------------------------------------------------------------------------------------
     def list(self) -> list[tuple[int, str]]:
@@ -236,14 +234,16 @@ class CheckpointManager:
         writer = self.store.dcp_writer(marker)
         if self.async_save:
             if self._stager is None:
-                self._stager = _ReusedHostStager()
+                from fastgen.utils.dcp_safe import ReusedHostStager
+
+                self._stager = ReusedHostStager()
             future = dcp.async_save(tensors, storage_writer=writer, process_group=self._group_for_async(),
                                     async_stager=self._stager)
             self._pending = _PendingSave(self, marker, future=future, extras=extras)
             return
         try:
             dcp.save(tensors, storage_writer=writer)
-        except _SAVE_ERRORS as exc:
+        except _save_errors() as exc:
             raise CheckpointError(f"saving sharded checkpoint {folder} failed: {_first_line(exc)}") from None
         self._write_marker(marker, extras)
 
@@ -357,7 +357,7 @@ class _PendingSave:
         if self.future is not None:
             try:
                 self.future.result()
-            except _SAVE_ERRORS as exc:
+            except _save_errors() as exc:
                 self.error = exc
             if dist_utils.any_rank(self.error is not None):
                 raise CheckpointError(f"saving sharded checkpoint {self.manager.store.folder(self.marker)} failed"
@@ -372,30 +372,6 @@ class _PendingSave:
         if dist_utils.any_rank(self.error is not None):
             raise CheckpointError(f"saving checkpoint {self.marker} failed"
                                   + (f": {_first_line(self.error)}" if self.error else " on rank 0"))
-
-
-class _ReusedHostStager(BlockingAsyncStager):
-    """DCP's host staging for async saves with buffers kept from one save to the next.
-
-    The default (the storage writer's own ``stage``, one writer per checkpoint) allocates a fresh host copy of
-    every shard at each save, which is most of the time training waits for (``benchmarks/checkpoint_save.py``).
-    Reusing the buffers is safe because at most one save is in flight: the next save waits for the previous one
-    before staging into the same buffers. The cost is one host copy of this rank's shards kept for the run
-    (pinned where CUDA is present, so device-to-host copies are fast). torch's ``BlockingAsyncStager`` with
-    ``cache_staged_state_dict`` pins unconditionally, which fails on a CPU-only build, hence this subclass."""
-
-    def __init__(self) -> None:
-        super().__init__(cache_staged_state_dict=True)
-
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        from torch.distributed._state_dict_utils import (
-            _copy_state_dict,
-            _create_cpu_state_dict,
-        )
-
-        if self.state_dict_cache is None:
-            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
-        return _copy_state_dict(state_dict, self.state_dict_cache, type_check=False)
 
 
 # ---- formats -------------------------------------------------------------------------------------------------------
@@ -429,10 +405,12 @@ def load_sharded(reader: Any, model: Any, folder: str) -> None:
         set_optimizer_state_dict,
     )
 
+    from fastgen.utils.dcp_safe import SafeLoadPlanner
+
     state = sharded_state(model)
     try:
         dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
-    except _SAVE_ERRORS as exc:
+    except _save_errors() as exc:
         raise CheckpointError(f"sharded checkpoint {folder} does not load into this model: {_first_line(exc)}") from None
     trained = model.trainable_modules
     for name, module in model.model_dict.items():
@@ -512,73 +490,15 @@ def read_sharded_as_full(folder: Path) -> dict[str, Any]:
     ``pretrained_ckpt_path``); a training resume reads only its own shards (``load_sharded``)."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    from fastgen.utils.dcp_safe import SafeFileSystemReader, SafeWholeLoadPlanner
+
     state: dict[str, Any] = {}
     try:
-        _load_state_dict(state, storage_reader=SafeFileSystemReader(str(folder)), planner=_SafeWholeLoadPlanner(),
+        _load_state_dict(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeWholeLoadPlanner(),
                          no_dist=True)
-    except _SAVE_ERRORS as exc:
+    except _save_errors() as exc:
         raise CheckpointError(f"sharded checkpoint {folder} cannot be read: {_first_line(exc)}") from None
     return state
-
-
-# ---- safe reading of DCP folders -----------------------------------------------------------------------------------
-class _DcpUnpickler(pickle.Unpickler):
-    """DCP's ``.metadata`` is a pickle: accept only the classes its metadata is made of."""
-
-    _TORCH_NAMES: ClassVar[set[str]] = {"Size", "device", "float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64",
-                    "uint8", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "strided",
-                    "sparse_coo", "contiguous_format", "preserve_format", "channels_last"}
-
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = (
-            module.startswith("torch.distributed.checkpoint.")
-            or (module == "torch" and name in self._TORCH_NAMES)
-            or (module == "collections" and name == "OrderedDict")
-            or (module == "builtins" and name in {"set", "frozenset", "slice"})
-            or (module == "torch.serialization" and name == "_get_layout")  # a layout by its name
-            or (module == "pathlib" and name in {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"})
-        )
-        if not allowed:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a checkpoint's metadata")
-        return super().find_class(module, name)
-
-
-class SafeFileSystemReader(FileSystemReader):
-    """``FileSystemReader`` whose metadata is unpickled with an allowlist (``_DcpUnpickler``)."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as stream:
-            metadata = _DcpUnpickler(stream).load()
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-class _WeightsOnlyBytes:
-    """Non-tensor entries (e.g. optimizer hyper-parameters) load with ``weights_only=True``."""
-
-    flatten_state_dict: bool
-    original_state_dict: Any
-    mappings: Any
-    state_dict: Any
-
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        obj = torch.load(value, weights_only=True)
-        fqn = read_item.dest_index.fqn
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[fqn], obj)
-        else:
-            self.state_dict[fqn] = obj
-
-
-class SafeLoadPlanner(_WeightsOnlyBytes, DefaultLoadPlanner):
-    """DCP's default planner with weights-only loading of non-tensor entries."""
-
-
-class _SafeWholeLoadPlanner(_WeightsOnlyBytes, _EmptyStateDictLoadPlanner):
-    """Rebuilds the whole state from the metadata (one process), weights-only."""
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ class LocalStore:
         return FileSystemWriter(self.folder(marker), single_file_per_rank=True, sync_files=True)
 
     def dcp_reader(self, marker: str) -> Any:
-        from fastgen.utils.checkpoint_manager import SafeFileSystemReader
+        from fastgen.utils.dcp_safe import SafeFileSystemReader
 
         return SafeFileSystemReader(self.folder(marker))
 

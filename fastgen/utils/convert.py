@@ -54,7 +54,6 @@ import json
 import math
 import os
 import pickle
-import re
 import shutil
 import struct
 import sys
@@ -68,14 +67,9 @@ from typing import Any
 
 import torch
 
-from fastgen.utils.checkpoint_manager import (
-    VERSION,
-    SafeFileSystemReader,
-    _first_line,
-    _SafeWholeLoadPlanner,
-    dcp_folder,
-)
+from fastgen.utils.checkpoint_manager import VERSION, _first_line, dcp_folder
 from fastgen.utils.checkpointer import FORMAT
+from fastgen.utils.dcp_safe import SafeFileSystemReader, SafeWholeLoadPlanner
 from fastgen.utils.errors import CheckpointError, UsageError
 from fastgen.utils.io import _fsync_dir
 from fastgen.utils.logging import get_logger
@@ -251,7 +245,7 @@ class ShardedSource(Source):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 _load_state_dict(state, storage_reader=SafeFileSystemReader(str(self.folder)),
-                                 planner=_SafeWholeLoadPlanner(keys=keys), no_dist=True)
+                                 planner=SafeWholeLoadPlanner(keys=keys), no_dist=True)
         except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException derives from BaseException
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -71,52 +72,79 @@ def assert_close_losses(a: list[tuple[int, float]], b: list[tuple[int, float]], 
         assert abs(x - y) <= rtol * max(abs(x), abs(y), 1e-12), f"iteration {i}: {x!r} vs {y!r}"
 
 
+@dataclass
+class Run:
+    """A finished run: its per-step losses, its last checkpoint's tensors, and (with StateBytes) each rank's bytes."""
+
+    losses: list[tuple[int, float]]
+    state: dict[str, torch.Tensor]
+    bytes: list[dict[str, int]]
+
+
+def run_two_ranks(recipe: list[str], group: str, name: str, extra: list[str], folder: Path, output_root: Path,
+                  env: dict[str, str] | None = None) -> Run:
+    result = fastgen("train", "--nproc-per-node", "2", *recipe, *extra, *probes(folder, name),
+                     f"+trainer.callbacks.bytes={{_target_:rank_probes.StateBytes,prefix:{folder / name}}}",
+                     cwd=folder, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return Run(losses(folder / f"{name}.losses"), final_state(output_root, group, name),
+               [read_json(folder / f"{name}.rank{rank}.json") for rank in (0, 1)])
+
+
+@pytest.fixture(scope="module")
+def sft_ddp(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The 2-rank DDP run of the SFT toy recipe at 32 per rank, which four tests compare against: run once."""
+    folder = tmp_path_factory.mktemp("sft_ddp")
+    root = folder / "output"
+    return run_two_ranks(SFT, "toy", "ddp", ["trainer.ddp=True", "dataloader_train.batch_size=32"], folder, root,
+                         env={"FASTGEN_OUTPUT_ROOT": str(root)})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe, group, per_rank", [(SFT, "toy", 32), (DMD2, "digits", 8)], ids=["sft", "dmd2"])
 def test_two_rank_ddp_matches_one_process_at_the_same_global_batch(recipe: list[str], group: str, per_rank: int,
-                                                                   output_root: Path, tmp_path: Path) -> None:
+                                                                   output_root: Path, tmp_path: Path,
+                                                                   request: pytest.FixtureRequest) -> None:
     """The noise of every sample is keyed by its global index and the loader hands rank r positions r, r + 2, ...
     of the epoch, so both runs see the same samples with the same noise and average the same gradients: losses and
     weights agree to float rounding (the two runs sum the batch in a different order)."""
     one = fastgen("train", *recipe, f"dataloader_train.batch_size={2 * per_rank}", *probes(tmp_path, "one"),
                   cwd=tmp_path)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = fastgen("train", "--nproc-per-node", "2", *recipe, "trainer.ddp=True",
-                  f"dataloader_train.batch_size={per_rank}", *probes(tmp_path, "two"), cwd=tmp_path)
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert_close_losses(losses(tmp_path / "one.losses"), losses(tmp_path / "two.losses"), rtol=1e-4)
-    assert_close_states(final_state(output_root, group, "one"), final_state(output_root, group, "two"))
+    if recipe is SFT:
+        two = request.getfixturevalue("sft_ddp")
+    else:
+        two = run_two_ranks(recipe, group, "two", ["trainer.ddp=True", f"dataloader_train.batch_size={per_rank}"],
+                            tmp_path, output_root)
+    assert_close_losses(losses(tmp_path / "one.losses"), two.losses, rtol=1e-4)
+    assert_close_states(final_state(output_root, group, "one"), two.state)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe, group, per_rank", [(SFT, "toy", 32), (DMD2_FD, "digits", 8)], ids=["sft", "dmd2"])
 def test_fsdp_matches_ddp_and_holds_half_per_rank(recipe: list[str], group: str, per_rank: int, output_root: Path,
-                                                  tmp_path: Path) -> None:
+                                                  tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """FSDP2 reduce-scatters what DDP all-reduces: the same losses, weights and EMA within float tolerance, while
     each rank holds about half of the parameters, gradients and optimizer state (uneven shards and buffers make
     it a little more than half)."""
-    runs = {}
-    for mode in ("ddp", "fsdp"):
-        result = fastgen("train", "--nproc-per-node", "2", *recipe, f"trainer.{mode}=True",
-                         f"dataloader_train.batch_size={per_rank}", *probes(tmp_path, mode),
-                         f"+trainer.callbacks.bytes={{_target_:rank_probes.StateBytes,prefix:{tmp_path / mode}}}",
-                         cwd=tmp_path)
-        assert result.returncode == 0, result.stderr[-3000:]
-        runs[mode] = final_state(output_root, group, mode)
-    assert_close_losses(losses(tmp_path / "ddp.losses"), losses(tmp_path / "fsdp.losses"), rtol=1e-4)
-    assert_close_states(runs["ddp"], runs["fsdp"])
-    assert any(key.startswith("model.ema") for key in runs["fsdp"])  # the EMA is compared too
+    batch = [f"dataloader_train.batch_size={per_rank}"]
+    if recipe is SFT:
+        ddp = request.getfixturevalue("sft_ddp")
+    else:
+        ddp = run_two_ranks(recipe, group, "ddp", ["trainer.ddp=True", *batch], tmp_path, output_root)
+    fsdp = run_two_ranks(recipe, group, "fsdp", ["trainer.fsdp=True", *batch], tmp_path, output_root)
+    assert_close_losses(ddp.losses, fsdp.losses, rtol=1e-4)
+    assert_close_states(ddp.state, fsdp.state)
+    assert any(key.startswith("model.ema") for key in fsdp.state)  # the EMA is compared too
     for rank in (0, 1):
-        ddp, fsdp = read_json(tmp_path / f"ddp.rank{rank}.json"), read_json(tmp_path / f"fsdp.rank{rank}.json")
-        ratio = sum(fsdp.values()) / sum(ddp.values())
-        assert 0.45 <= ratio <= 0.55, (rank, ddp, fsdp)
+        ratio = sum(fsdp.bytes[rank].values()) / sum(ddp.bytes[rank].values())
+        assert 0.45 <= ratio <= 0.55, (rank, ddp.bytes[rank], fsdp.bytes[rank])
 
 
 @pytest.mark.slow
-def test_two_nodes_on_loopback_train_like_two_workers_on_one_node(output_root: Path, tmp_path: Path) -> None:
+def test_two_nodes_on_loopback_train_like_two_workers_on_one_node(output_root: Path, tmp_path: Path,
+                                                                    sft_ddp: Run) -> None:
     base = [*SFT, "trainer.ddp=True", "dataloader_train.batch_size=32"]
-    local = fastgen("train", "--nproc-per-node", "2", *base, *probes(tmp_path, "local"), cwd=tmp_path)
-    assert local.returncode == 0, local.stderr[-3000:]
     port = free_port()
     nodes = [Job([FASTGEN, "train", "--nnodes", "2",
                   "--node-rank", str(rank), "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}", *base,
@@ -124,8 +152,8 @@ def test_two_nodes_on_loopback_train_like_two_workers_on_one_node(output_root: P
     results = [node.wait(300) for node in nodes]
     for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
-    assert losses(tmp_path / "local.losses") == losses(tmp_path / "nodes.losses")
-    a, b = final_state(output_root, "toy", "local"), final_state(output_root, "toy", "nodes")
+    assert sft_ddp.losses == losses(tmp_path / "nodes.losses")
+    a, b = sft_ddp.state, final_state(output_root, "toy", "nodes")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -305,17 +333,17 @@ def test_fsdp_mixed_precision_trains_in_bf16_and_keeps_float32_weights(output_ro
 
 
 @pytest.mark.slow
-def test_hybrid_sharding_and_no_reshard_train_like_ddp(output_root: Path, tmp_path: Path) -> None:
+def test_hybrid_sharding_and_no_reshard_train_like_ddp(output_root: Path, tmp_path: Path, sft_ddp: Run) -> None:
     """trainer.fsdp_shard_size=1 on 2 ranks is HSDP on a (2 replicate x 1 shard) mesh; fsdp_reshard_after_forward
     =False keeps the gathered parameters from forward to backward. Both compute what DDP computes."""
     base = [*SFT, "dataloader_train.batch_size=32"]
-    for name, extra in (("ddp", ["trainer.ddp=True"]), ("hsdp", ["trainer.fsdp=True", "trainer.fsdp_shard_size=1"]),
+    for name, extra in (("hsdp", ["trainer.fsdp=True", "trainer.fsdp_shard_size=1"]),
                         ("keep", ["trainer.fsdp=True", "trainer.fsdp_reshard_after_forward=False"])):
         result = fastgen("train", "--nproc-per-node", "2", *base, *extra, *probes(tmp_path, name), cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
     for name in ("hsdp", "keep"):
-        assert_close_losses(losses(tmp_path / "ddp.losses"), losses(tmp_path / f"{name}.losses"), rtol=1e-5)
-        assert_close_states(final_state(output_root, "toy", "ddp"), final_state(output_root, "toy", name))
+        assert_close_losses(sft_ddp.losses, losses(tmp_path / f"{name}.losses"), rtol=1e-5)
+        assert_close_states(sft_ddp.state, final_state(output_root, "toy", name))
 
 
 def test_cpu_offload_on_a_cpu_run_is_refused(output_root: Path, tmp_path: Path) -> None:
