@@ -25,6 +25,10 @@ Examples:
   fastgen convert-ckpt runs/teacher/checkpoints/0004000.pth converted.dcp
 
 \b
+  # a LoRA run (model.net_adapter): adapter folded into the base, the EMA network as a plain teacher file
+  fastgen convert-ckpt runs/lora/checkpoints/0001000.pth merged.pth --merge-lora --only ema
+
+\b
   # network weights for publishing; from and to S3 (credentials: --credentials-dir/s3.json or AWS_* variables)
   fastgen convert-ckpt s3://bucket/runs/dmd2/checkpoints student.safetensors --only ema
   fastgen convert-ckpt full.pth s3://bucket/published/0004000.pth
@@ -45,12 +49,23 @@ def convert_ckpt(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Cast floating-point network weights: bfloat16, float16 or float32.", show_default=False),
     credentials_dir: str = typer.Option("./credentials/", "--credentials-dir", help="Folder whose s3.json holds S3 credentials (else AWS_* variables)."),
     piece_mb: int = typer.Option(64, "--piece-mb", help="Largest piece read at a time, in MiB (peak memory)."),
+    merge_lora: bool = typer.Option(False, "--merge-lora", help="A LoRA run (model.net_adapter): fold the adapter into the base and write plain networks (.pth)."),
     log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
     """Convert a checkpoint between .pth, sharded DCP and safetensors; --only extracts one network."""
     from fastgen.utils.errors import UsageError
 
     setup_logging(log_level)
+    if merge_lora:
+        if to not in (None, "pth") or dtype is not None:
+            raise UsageError("--merge-lora writes a .pth in the weights' own dtype: drop --to / --dtype")
+        from fastgen.utils.lora_utils import export_merged
+
+        done = export_merged(src, dst, only=only)
+        counts = ", ".join(f"{name}: {count} layers" for name, count in done["merged"].items())
+        out().print(f"[bold green]merged[/bold green] LoRA ({counts}) at iteration {done['iteration']} -> {dst} "
+                    f"(networks {', '.join(done['networks'])})", soft_wrap=True)
+        return
     if piece_mb <= 0:
         raise UsageError("--piece-mb must be positive")
     import time

@@ -63,10 +63,10 @@ from fastgen.utils.checkpoint_manager import (
     restore_modules,
 )
 from fastgen.utils.checkpoint_store import read_whole_checkpoint
-from fastgen.utils.errors import ConfigError, TrainingInterrupted
+from fastgen.utils.errors import ConfigError, FastGenRuntimeError, TrainingInterrupted
 from fastgen.utils.amp import autocast
 from fastgen.utils.logging import get_logger
-from fastgen.utils.parallelize import parallelize, set_gradient_sync
+from fastgen.utils.parallelize import apply_compile, parallelize, set_gradient_sync
 from fastgen.utils.rng import seed_everything
 from fastgen.utils.schedules import warn_on_schedule_length_mismatches
 
@@ -81,6 +81,31 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(v, device) for v in batch)
     return batch
+
+
+def _adapted(model: Any) -> bool:
+    """Whether the method's trained network carries a LoRA adapter (``model.net_adapter``)."""
+    from fastgen.utils.lora_utils import is_adapted
+
+    return is_adapted(model.net)
+
+
+@contextlib.contextmanager
+def _compile_errors_named(mode: str | None) -> Any:
+    """A ``torch.compile`` failure (raised at the first call of a compiled module) as one line naming the field."""
+    if mode is None:
+        yield
+        return
+    try:
+        yield
+    except Exception as exc:
+        from torch._dynamo.exc import TorchDynamoException
+
+        if not isinstance(exc, TorchDynamoException):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise FastGenRuntimeError(f"model.torch_compile_mode={mode}: torch.compile failed ({type(exc).__name__}: "
+                                  f"{first[:300]}); set model.torch_compile_mode=null to train eagerly") from None
 
 
 def _loss_scale_first(callbacks: CallbackDict, precision_amp: str | None) -> LossScaleCallback | None:
@@ -251,7 +276,7 @@ class Trainer:
             del payload
             cb.on_train_begin(model, iteration=self.iteration)
             self._write_config_yaml()
-            with self._stop_on_signals():
+            with self._stop_on_signals(), _compile_errors_named(self.config.model.torch_compile_mode):
                 self._train(model)
             self.checkpoints.wait()
             return model
@@ -346,10 +371,11 @@ class Trainer:
         else:
             model = instantiate(self.config.model_class, config=self.config.model)
             model.to(self.device)
-            if fresh:
+            if fresh or _adapted(model):  # a LoRA base is never in the checkpoint: rebuilt from its source
                 model.init_weights()
                 self._load_pretrained(model)
             parallelize(model, self.config.trainer, self.mesh)
+        apply_compile(model)
         model.train()
         for ema in getattr(model, "ema_nets", {}).values():
             ema.eval()
@@ -378,7 +404,7 @@ class Trainer:
             with dist_utils.local_only():  # the real build is rank 0's alone: no collectives inside it
                 seed_everything(self.config.trainer.seed)
                 source = instantiate(self.config.model_class, config=self.config.model)
-                if fresh:
+                if fresh or _adapted(source):
                     source.init_weights()
                     self._load_pretrained(source)
         broadcast_full_weights(model, source)

@@ -51,7 +51,15 @@ Fields that matter for scaling:
   in forward and recomputes its activations in backward: activation memory drops to the block inputs plus one
   block's, for about one more forward pass per step. Checkpoint keys are unchanged; composes with DDP and FSDP2
   (``fastgen.utils.parallelize.apply_activation_checkpointing``).
-* ``model.torch_compile_mode`` - ``torch.compile`` mode for the student network; not available yet: refused.
+* ``model.net_adapter`` - LoRA: a LazyCall of ``fastgen.utils.lora_utils.LoRAAdapter`` (rank, alpha, dropout,
+  target-module patterns). Only the adapter trains and is checkpointed; the frozen base is rebuilt from the
+  teacher or ``trainer.checkpointer.pretrained_ckpt_path`` on every start; ``convert-ckpt --merge-lora`` exports
+  merged weights. ``fastgen/utils/lora_utils.py`` documents it.
+* ``model.torch_compile_mode`` - ``torch.compile`` mode (``default``, ``reduce-overhead``, ``max-autotune``,
+  ``max-autotune-no-cudagraphs``) for the trained networks, block by block (``fastgen.utils.parallelize.
+  apply_compile``); ``None`` (the default): eager. Compilation happens at the first step (minutes for a large
+  network); a failure there stops the run with one line naming this field. Not yet with ``trainer.ddp`` /
+  ``trainer.fsdp`` (refused).
 """
 
 from __future__ import annotations
@@ -160,6 +168,7 @@ class BaseModelConfig(StrictConfig):
     activation_checkpointing: bool = False  # recompute each trained block's activations in backward
     torch_compile_mode: Optional[str] = None
     pretrained_model_path: Optional[str] = None
+    net_adapter: Optional[DictConfig] = None  # LoRA: LazyCall of fastgen.utils.lora_utils.LoRAAdapter
 
     @property
     def ema_names(self) -> list[str]:

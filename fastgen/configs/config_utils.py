@@ -449,6 +449,14 @@ def validate_config(config: BaseConfig) -> BaseConfig:
     if t.fsdp_shard_size is not None and t.fsdp_shard_size < 1:
         raise ConfigError(f"trainer.fsdp_shard_size must be positive or null, got {t.fsdp_shard_size}")
     m = config.model
+    from fastgen.utils.parallelize import COMPILE_MODES
+
+    if m.torch_compile_mode is not None and m.torch_compile_mode not in COMPILE_MODES:
+        raise ConfigError(f"model.torch_compile_mode={m.torch_compile_mode!r}: expected null (eager) or one of "
+                          f"{', '.join(COMPILE_MODES)}")
+    if m.torch_compile_mode is not None and (t.ddp or t.fsdp):
+        raise ConfigError("model.torch_compile_mode with trainer.ddp / trainer.fsdp is not supported yet: compile "
+                          "one-process runs, or leave it null")
     if m.precision_amp is not None and m.precision != "float32":
         raise ConfigError(f"model.precision_amp={m.precision_amp} computes in {m.precision_amp} from float32 weights: "
                           f"set model.precision=float32 (it is {m.precision})")
@@ -461,7 +469,6 @@ def validate_config(config: BaseConfig) -> BaseConfig:
 # Fields the schema accepts (the reference system's names) whose feature is not built yet: a config that asks for
 # one is refused rather than silently ignored. (field path, value that means "off", what to do instead)
 NOT_BUILT: tuple[tuple[str, object, str], ...] = (
-    ("model.torch_compile_mode", None, "leave it null (eager)"),
     ("model.pretrained_model_path", None, "start from weights with trainer.checkpointer.pretrained_ckpt_path or a "
                                           "distillation method's model.teacher_ckpt"),
 )

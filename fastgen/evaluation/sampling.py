@@ -113,13 +113,15 @@ class LoadedRun:
 
 def load_model_weights(model: Any, payload: dict[str, Any], path: Path) -> set[str]:
     """Load each module of ``payload["model"]`` into ``model.model_dict`` strictly; return the loaded names."""
+    from fastgen.utils.parallelize import load_full_state_dict
+
     modules = model.model_dict
     loaded = set()
     for name, state in payload.get("model", {}).items():
         if name not in modules:
             raise CheckpointError(f"checkpoint {path} has weights for {name!r}, which this model does not have")
         try:
-            modules[name].load_state_dict(state, strict=True)
+            load_full_state_dict(modules[name], state)  # strict; an adapted network takes its adapter
         except RuntimeError as exc:
             first = " ".join(str(exc).strip().splitlines()[:2])[:300]
             raise CheckpointError(f"checkpoint {path}: weights of {name!r} do not fit this model ({first})") from None
@@ -146,10 +148,25 @@ def load_run(path: str | os.PathLike[str], config: Any = None, device: torch.dev
     config.model.meta_init = False  # real tensors: the checkpoint overwrites them at once
     payload = load_checkpoint(checkpoint)
     model = instantiate(config.model_class, config=config.model)
+    from fastgen.utils.lora_utils import is_adapted
+
+    if is_adapted(model.net):  # its checkpoints hold the adapter: the base comes from where training took it
+        model.init_weights()
+        load_base_weights(model, config)
     loaded = load_model_weights(model, payload, checkpoint)
     model.to(device)
     model.eval()
     return LoadedRun(model, config, checkpoint, config_yaml, int(payload.get("iteration", 0)), loaded)
+
+
+def load_base_weights(model: Any, config: Any) -> None:
+    """``trainer.checkpointer.pretrained_ckpt_path`` into a LoRA run's method, as training loaded it."""
+    path = config.trainer.checkpointer.pretrained_ckpt_path
+    if path:
+        from fastgen.utils.checkpoint_manager import restore_modules
+        from fastgen.utils.checkpoint_store import read_whole_checkpoint
+
+        restore_modules(model, read_whole_checkpoint(path, config.credentials_dir), path, allow_missing=True)
 
 
 def select_net(run_or_model: Any, which: str = "net") -> nn.Module:

@@ -50,6 +50,9 @@ class FastGenModel(nn.Module):
         self.precision = _DTYPES[config.precision]
         self.net: DiffusionNet = instantiate(config.net)
         self.net.to(self.precision)
+        adapter = getattr(config, "net_adapter", None)
+        if adapter is not None:  # LoRA (fastgen.utils.lora_utils): before the EMA copies, which share its layout
+            instantiate(adapter).apply(self.net)
         self.ema_nets = nn.ModuleDict()
         for name in config.ema_names:
             if name in ("net",):

@@ -387,9 +387,11 @@ def sharded_state(model: Any) -> dict[str, Any]:
         get_optimizer_state_dict,
     )
 
+    from fastgen.utils.parallelize import _saved_part
+
     trained = model.trainable_modules
     return {
-        "model": {name: get_model_state_dict(module) for name, module in model.model_dict.items()},
+        "model": {name: _saved_part(module, get_model_state_dict(module)) for name, module in model.model_dict.items()},
         "optimizers": {name: get_optimizer_state_dict(trained[name], opt)
                        for name, opt in model.optimizer_dict.items()},
     }
@@ -413,8 +415,10 @@ def load_sharded(reader: Any, model: Any, folder: str) -> None:
     except _save_errors() as exc:
         raise CheckpointError(f"sharded checkpoint {folder} does not load into this model: {_first_line(exc)}") from None
     trained = model.trainable_modules
+    from fastgen.utils.lora_utils import is_adapted
+
     for name, module in model.model_dict.items():
-        set_model_state_dict(module, state["model"][name])
+        set_model_state_dict(module, state["model"][name], options=StateDictOptions(strict=not is_adapted(module)))
     for name, optimizer in model.optimizer_dict.items():
         set_optimizer_state_dict(trained[name], optimizer, state["optimizers"][name],
                                  options=StateDictOptions(strict=False))

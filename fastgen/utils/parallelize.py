@@ -104,6 +104,31 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
     return count
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def apply_compile(model: nn.Module) -> int:
+    """``model.torch_compile_mode``: compile every trained network with ``torch.compile`` in that mode, block by
+    block (its ``shard_units()``; the whole network when it lists none), as torchtitan does: a block's graph is
+    compiled once and reused by every block of the same shape, and the parameters, names and checkpoints do not
+    change (``nn.Module.compile`` compiles the module's call in place, no ``_orig_mod.`` prefix). Shapes are
+    static (``dynamic=False``): a batch size compiles once, a new one (validation, sampling) compiles again rather
+    than into a symbolic-shape graph, which inductor fails on for some of our blocks on CPU. Frozen networks
+    (teachers, EMA copies) run eagerly. Compilation happens at the first call; a failure there is reported by the
+    trainer in one line naming the field. Returns the number of modules compiled."""
+    config = getattr(model, "config", None)
+    mode = getattr(config, "torch_compile_mode", None)
+    if mode is None:
+        return 0
+    count = 0
+    for network in getattr(model, "trainable_modules", {}).values():
+        for module in shard_units(network) or [network]:
+            module.compile(mode=mode, dynamic=False)  # shapes are fixed by the batch: no symbolic-shape graphs
+            count += 1
+    logger.debug("torch.compile (mode %s) on %d modules", mode, count)
+    return count
+
+
 def parallelize(model: nn.Module, trainer_config: Any, mesh: Any) -> None:
     """Apply activation checkpointing if the method's config asks for it, then replicate or shard ``model``'s
     networks in place (see the module docstring)."""
@@ -266,16 +291,31 @@ def _options(**kwargs: Any) -> Any:
 
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     """The module's full state on CPU (gathered from its shards when sharded: a collective - every rank calls it;
-    ranks other than 0 get an empty dict when sharded)."""
+    ranks other than 0 get an empty dict when sharded). A LoRA-adapted network's state is its adapter's only
+    (``fastgen.utils.lora_utils``: the frozen base is rebuilt from its source, not saved again)."""
     if not has_sharded_parameters(module):
-        return {k: v.detach().cpu() for k, v in module.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+        state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    else:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(module, options=_options(cpu_offload=True))
+        state = get_model_state_dict(module, options=_options(cpu_offload=True))
+    return _saved_part(module, state)
+
+
+def _saved_part(module: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    from fastgen.utils.lora_utils import adapter_state, is_adapted
+
+    return adapter_state(state) if is_adapted(module) else state
 
 
 def load_full_state_dict(module: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
-    """Load full tensors into a plain, replicated or sharded module (each rank keeps its shard)."""
+    """Load full tensors into a plain, replicated or sharded module (each rank keeps its shard). An adapted
+    network takes its adapter or its base (``lora_utils.check_loadable``), never a mix."""
+    from fastgen.utils.lora_utils import check_loadable, is_adapted
+
+    if is_adapted(module):
+        check_loadable(module, state, "the checkpoint")
+        strict = False
     if not has_sharded_parameters(module):
         module.load_state_dict(state, strict=strict)
         return

@@ -252,8 +252,7 @@ def test_meta_init_holds_one_full_copy_on_the_host(output_root: Path, tmp_path: 
     assert real["peak_rss_bytes"] - meta["peak_rss_bytes"] >= 0.4 * real["full_weight_bytes"], (real, meta)
 
 
-@pytest.mark.parametrize("override", ["model.torch_compile_mode=default",
-                                      "model.pretrained_model_path=/some/weights.pth"])
+@pytest.mark.parametrize("override", ["model.pretrained_model_path=/some/weights.pth"])
 def test_flags_whose_feature_is_not_built_are_refused(override: str, output_root: Path, tmp_path: Path) -> None:
     result = fastgen("dryrun", *SFT, override, cwd=tmp_path, timeout=120)
     assert result.returncode == 2, result.stderr
