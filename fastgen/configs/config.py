@@ -144,6 +144,9 @@ class BaseTrainerConfig(StrictConfig):
     checkpointer: CheckpointerConfig = attrs.field(factory=CheckpointerConfig)
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
+
+
 def default_optimizer() -> DictConfig:
     return LazyCall("torch.optim.Adam")(lr=1e-3, betas=[0.9, 0.999], eps=1e-8)
 

@@ -449,7 +449,7 @@ def validate_config(config: BaseConfig) -> BaseConfig:
     if t.fsdp_shard_size is not None and t.fsdp_shard_size < 1:
         raise ConfigError(f"trainer.fsdp_shard_size must be positive or null, got {t.fsdp_shard_size}")
     m = config.model
-    from fastgen.utils.parallelize import COMPILE_MODES
+    from fastgen.configs.config import COMPILE_MODES
 
     if m.torch_compile_mode is not None and m.torch_compile_mode not in COMPILE_MODES:
         raise ConfigError(f"model.torch_compile_mode={m.torch_compile_mode!r}: expected null (eager) or one of "

@@ -104,9 +104,6 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
     return count
 
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
 def apply_compile(model: nn.Module) -> int:
     """``model.torch_compile_mode``: compile every trained network with ``torch.compile`` in that mode, block by
     block (its ``shard_units()``; the whole network when it lists none), as torchtitan does: a block's graph is

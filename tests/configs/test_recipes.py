@@ -1,7 +1,8 @@
 """Every built-in recipe (``list_recipes()``) as a user meets it: it loads, validates, every ``LazyCall`` in it
 names an importable target whose signature takes the given arguments, its callbacks build, ``fastgen dryrun``'s
 code path prints its build plan (modules built on the meta device, memory estimate), and it round-trips through
-the ``config.yaml`` a run writes - an equal config, the same YAML, the same dry-run plan."""
+the ``config.yaml`` a run writes - an equal config and the same YAML (so the same dry-run plan: the plan is computed
+from the config alone)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from omegaconf import DictConfig, ListConfig
 
 from fastgen.cli.common import resolve_config
 from fastgen.cli.dryrun import show_plan
-from fastgen.configs.config_utils import config_to_yaml, list_recipes, load_config, save_config_yaml
+from fastgen.configs.config_utils import config_to_yaml, list_recipes, save_config_yaml
 from fastgen.configs.instantiate import TARGET_KEY, instantiate, is_lazy, locate
 from fastgen.profiling.estimate import build_meta_model
 
@@ -75,7 +76,5 @@ def test_recipe_loads_validates_dry_runs_and_round_trips(recipe: str, tmp_path: 
     path = tmp_path / "config.yaml"
     save_config_yaml(config, path)
     loaded = resolve_config(str(path), [])
-    assert loaded == config
+    assert loaded == config  # equal configs: the dry-run plan, a function of the config alone, is the same
     assert config_to_yaml(loaded) == config_to_yaml(config)
-    show_plan(loaded, as_yaml=False)
-    assert capsys.readouterr().out == plan

@@ -33,6 +33,19 @@ def test_digits_splits_are_disjoint_and_labelled() -> None:
     assert not any(tuple(x.flatten().tolist()) in train_set for x in val.images[:50])
 
 
+def test_digits_are_exactly_scikit_learns() -> None:
+    """Read from scikit-learn's file without importing sklearn.datasets: the same images and labels."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from fastgen.datasets.digits import load_digits_tensors
+
+    images, labels = load_digits_tensors()
+    bunch = load_digits()
+    assert torch.equal(images, torch.from_numpy(bunch.images).float().div(16.0).mul(2.0).sub(1.0).unsqueeze(1))
+    assert np.array_equal(labels.numpy(), bunch.target) and labels.dtype == torch.int64
+
+
 def test_loader_resumes_at_the_exact_batch() -> None:
     dataset = ToyDataset("two_moons", num_samples=100)
     straight = ResumableLoader(dataset, batch_size=16, seed=3)
