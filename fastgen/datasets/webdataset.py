@@ -418,13 +418,7 @@ class Stream:
         self.parts, self.next_pass = parts, next_pass
         self.storage = storage
         self._block: list[tuple[RawSample, int]] | None = None  # (sample, pass) in emission order
-        self._reader: Iterator[RawSample] | None = None
-        self._reader_from: tuple[str, int] | None = None
-
-    @classmethod
-    def start(cls, shards: Sequence[str], stream: int, streams: int, seed: int, shuffle: bool, buffer: int,
-              storage: Any = None) -> Stream:
-        return cls(shards, stream, streams, seed, shuffle, buffer, [], 0, storage)
+        self._after_block: list[list[Any]] = []  # the part's queue once the current block is emitted
 
     def share(self, pass_: int) -> list[list[Any]]:
         return [[url, 0, 0] for url in pass_shards(self.shards, pass_, self.seed, self.shuffle)[self.stream::self.streams]]
@@ -550,13 +544,10 @@ class WebDatasetLoader:
                              f"{self.streams_per_rank} reader(s): write at least {self.streams} shards, or use "
                              "fewer workers")
         self.batches = 0
-        self.stream_states = [self._fresh(i) for i in range(self.streams_per_rank)]
+        self.stream_states = [{"parts": [], "next_pass": 0} for _ in range(self.streams_per_rank)]  # from pass 0
         self._local: Stream | None = None
         self._dataloader: Any = None
         self._batches: Any = None
-
-    def _fresh(self, local: int) -> dict[str, Any]:
-        return {"parts": [], "next_pass": 0}
 
     def _stream(self, local: int, state: dict[str, Any]) -> Stream:
         return Stream(self.shards, self.rank * self.streams_per_rank + local, self.streams, self.seed,
