@@ -57,12 +57,7 @@ from fastgen.callbacks.loss_scale import LossScaleCallback
 from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
 from fastgen.utils import distributed as dist_utils
-from fastgen.utils.checkpoint_manager import (
-    CheckpointManager,
-    TrainingState,
-    restore_modules,
-)
-from fastgen.utils.checkpoint_store import read_whole_checkpoint
+from fastgen.utils.checkpoint_manager import CheckpointManager, TrainingState, load_pretrained
 from fastgen.utils.errors import ConfigError, FastGenRuntimeError, TrainingInterrupted
 from fastgen.utils.amp import autocast
 from fastgen.utils.logging import get_logger
@@ -415,14 +410,9 @@ class Trainer:
 
     def _load_pretrained(self, model: Any) -> None:
         path = self.config.trainer.checkpointer.pretrained_ckpt_path
-        if not path:
-            return
-        payload = read_whole_checkpoint(path, self.config.credentials_dir)  # a local file or s3://
-        restore_modules(model, payload, path, allow_missing=True)
-        for name, ema in getattr(model, "ema_nets", {}).items():
-            if name not in payload.get("model", {}):  # an EMA the checkpoint lacks starts from the loaded net
-                ema.load_state_dict(model.net.state_dict())
-        logger.info("initialised weights from %s", path)
+        if path:
+            load_pretrained(model, path, self.config.credentials_dir)
+            logger.info("initialised weights from %s", path)
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
     def _choose_checkpoint(self) -> str | None:

@@ -151,22 +151,14 @@ def load_run(path: str | os.PathLike[str], config: Any = None, device: torch.dev
     from fastgen.utils.lora_utils import is_adapted
 
     if is_adapted(model.net):  # its checkpoints hold the adapter: the base comes from where training took it
+        from fastgen.utils.checkpoint_manager import load_pretrained
+
         model.init_weights()
-        load_base_weights(model, config)
+        load_pretrained(model, config.trainer.checkpointer.pretrained_ckpt_path, config.credentials_dir)
     loaded = load_model_weights(model, payload, checkpoint)
     model.to(device)
     model.eval()
     return LoadedRun(model, config, checkpoint, config_yaml, int(payload.get("iteration", 0)), loaded)
-
-
-def load_base_weights(model: Any, config: Any) -> None:
-    """``trainer.checkpointer.pretrained_ckpt_path`` into a LoRA run's method, as training loaded it."""
-    path = config.trainer.checkpointer.pretrained_ckpt_path
-    if path:
-        from fastgen.utils.checkpoint_manager import restore_modules
-        from fastgen.utils.checkpoint_store import read_whole_checkpoint
-
-        restore_modules(model, read_whole_checkpoint(path, config.credentials_dir), path, allow_missing=True)
 
 
 def select_net(run_or_model: Any, which: str = "net") -> nn.Module:

@@ -478,6 +478,21 @@ def restore_modules(model: Any, payload: dict[str, Any], path: Any, allow_missin
             raise CheckpointError(f"checkpoint {path} lacks weights for {', '.join(missing)}")
 
 
+def load_pretrained(model: Any, path: str | None, credentials_dir: str | None) -> None:
+    """``trainer.checkpointer.pretrained_ckpt_path`` (a local file or s3://, either layout) into the networks it
+    holds; an EMA network it lacks starts from the loaded ``net``. Training calls it on a fresh start (and, for a
+    LoRA base, on every start); rebuilding a LoRA run for sampling or export calls it the same way."""
+    if not path:
+        return
+    from fastgen.utils.checkpoint_store import read_whole_checkpoint
+
+    payload = read_whole_checkpoint(path, credentials_dir)
+    restore_modules(model, payload, path, allow_missing=True)
+    for name, ema in getattr(model, "ema_nets", {}).items():
+        if name not in payload.get("model", {}):  # an EMA the checkpoint lacks starts from the loaded net
+            ema.load_state_dict(model.net.state_dict())
+
+
 def rank_entry(payload: dict[str, Any], key: str) -> Any:
     """This rank's ``callbacks`` or ``dataloaders`` entry (``per_rank``, version 3; older checkpoints hold rank
     0's only). A rank the checkpoint did not have (a larger world) takes rank 0's: callback state is then rank

@@ -149,3 +149,23 @@ def test_convert_merge_lora_writes_plain_networks_with_the_adapted_outputs(base_
         torch.testing.assert_close(plain(x, t, condition=labels), adapted(x, t, condition=labels), rtol=1e-4, atol=1e-5)
     again = run_cli("convert-ckpt", str(base_checkpoint), str(tmp_path / "again.pth"), "--merge-lora", cwd=tmp_path)
     assert again.returncode == 2 and "has no LoRA adapter" in again.stderr
+
+
+def test_rebuilding_a_lora_run_from_a_net_only_base_starts_its_ema_from_that_base(base_checkpoint: Path,
+                                                                                  tmp_path: Path) -> None:
+    """A pretrained file with only ``net`` (what ``convert-ckpt --only`` writes): the EMA's base is the loaded net,
+    in training and when ``load_run`` rebuilds the run for sampling or ``--merge-lora``, through one loader."""
+    from fastgen.evaluation.sampling import load_run
+    from fastgen.utils.checkpointer import load_checkpoint
+
+    payload = load_checkpoint(base_checkpoint)
+    net_only = tmp_path / "net_only.pth"
+    torch.save({**{k: v for k, v in payload.items() if k != "model"}, "model": {"net": payload["model"]["net"]}},
+               net_only)
+    trainer = Trainer(_dit_config("net_only_base", 2, adapter=True, pretrained=net_only))
+    trainer.run()
+    rebuilt = load_run(trainer.checkpointer.path_for(2)).model
+    base = payload["model"]["net"]
+    for name, value in rebuilt.ema_nets["ema"].state_dict().items():
+        if not is_adapter_key(name):
+            assert torch.equal(value, base[name]), name
