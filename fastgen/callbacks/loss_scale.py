@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from fastgen.callbacks.callback import Callback
+from fastgen.callbacks.grad_clip import _local_gradients
 from fastgen.utils import distributed as dist_utils
 from fastgen.utils.errors import ConfigError
 from fastgen.utils.logging import get_logger
@@ -57,7 +58,7 @@ class LossScaleCallback(Callback):
     def on_optimizer_step_begin(self, model: Any, iteration: int = 0) -> None:
         modules = model.trainable_modules
         grads = [p.grad for name in self.trainer.stepping for p in modules[name].parameters() if p.grad is not None]
-        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        local, _ = _local_gradients(grads)  # sharded gradients: this rank's shards
         if local:
             torch._foreach_mul_(local, 1.0 / self.scale)
             finite = bool(torch.stack([torch.isfinite(g).all() for g in local]).all())

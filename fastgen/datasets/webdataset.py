@@ -420,6 +420,13 @@ class Stream:
         self._block: list[tuple[RawSample, int]] | None = None  # (sample, pass) in emission order
         self._after_block: list[list[Any]] = []  # the part's queue once the current block is emitted
 
+    @classmethod
+    def from_state(cls, state: dict[str, Any], shards: Sequence[str], stream: int, streams: int, seed: int,
+                   shuffle: bool, buffer: int) -> Stream:
+        """Stream ``stream`` of ``streams`` continuing from ``state`` (``Stream.state()``, as checkpoints hold it)."""
+        return cls(shards, stream, streams, seed, shuffle, buffer, [Part.from_state(p) for p in state["parts"]],
+                   int(state["next_pass"]))
+
     def share(self, pass_: int) -> list[list[Any]]:
         return [[url, 0, 0] for url in pass_shards(self.shards, pass_, self.seed, self.shuffle)[self.stream::self.streams]]
 
@@ -550,9 +557,8 @@ class WebDatasetLoader:
         self._batches: Any = None
 
     def _stream(self, local: int, state: dict[str, Any]) -> Stream:
-        return Stream(self.shards, self.rank * self.streams_per_rank + local, self.streams, self.seed,
-                      self.shuffle, self.shuffle_buffer, [Part.from_state(p) for p in state["parts"]],
-                      int(state["next_pass"]))
+        return Stream.from_state(state, self.shards, self.rank * self.streams_per_rank + local, self.streams,
+                                 self.seed, self.shuffle, self.shuffle_buffer)
 
     def __iter__(self) -> WebDatasetLoader:
         return self
@@ -650,9 +656,7 @@ class _StreamBatches(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         local = (self.start_batches + worker) % per_rank if workers == per_rank else 0
-        state = self.states[local]
-        stream = Stream(shards, rank * per_rank + local, streams, seed, shuffle, buffer,
-                        [Part.from_state(p) for p in state["parts"]], int(state["next_pass"]))
+        stream = Stream.from_state(self.states[local], shards, rank * per_rank + local, streams, seed, shuffle, buffer)
         while True:
             batch = next_batch(stream, batch_size, fields)
             yield batch, stream.state()
