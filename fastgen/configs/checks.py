@@ -21,6 +21,7 @@ paths exist - see its docstring.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -184,6 +185,25 @@ def check_data_paths(config: Any) -> None:
         node = getattr(config, key, None)
         if node is not None:
             _check_paths_in(key, node)
+    _check_weight_paths(config)
+
+
+def _check_weight_paths(config: Any) -> None:
+    """The files a diffusers-backed recipe starts from: ``model.pretrained_model_path`` (the weights folder) and
+    the networks' ``prompt_embeddings`` files - a placeholder is one line naming the key, before a 12B model is
+    built only to fail on its first read."""
+    model = getattr(config, "model", None)
+    weights = getattr(model, "pretrained_model_path", None)
+    if weights and "://" not in str(weights) and not os.path.exists(os.path.expanduser(str(weights))):
+        raise ConfigError(f"model.pretrained_model_path: {weights} does not exist; download the model's diffusers "
+                          "weights there, or set model.pretrained_model_path=<folder>")
+    for name in ("net", "teacher", "fake_score"):
+        node = getattr(model, name, None)
+        backbone = node.get("backbone") if isinstance(node, (Mapping, DictConfig)) else None
+        prompts = backbone.get("prompt_embeddings") if isinstance(backbone, (Mapping, DictConfig)) else None
+        if prompts and not os.path.isfile(os.path.expanduser(str(prompts))):
+            raise ConfigError(f"model.{name}.backbone.prompt_embeddings: {prompts} does not exist; write the encoded "
+                              f"prompts there (one (num_prompts, tokens, width) tensor), or set it to another file")
 
 
 def _check_paths_in(path: str, node: Any) -> None:

@@ -440,7 +440,7 @@ def validate_config(config: BaseConfig) -> BaseConfig:
             raise ConfigError(f"trainer.callbacks.{name} is not a LazyCall node (it needs a _target_)")
     if config.log_config.name is not None and ("/" in config.log_config.name or config.log_config.name in ("", ".", "..")):
         raise ConfigError(f"log_config.name must be a plain folder name, got {config.log_config.name!r}")
-    _refuse_what_is_not_built(config)
+    _check_pretrained_model_path(config)
     if t.ddp and t.fsdp:
         raise ConfigError("trainer.ddp and trainer.fsdp are both set: choose one (ddp replicates the networks, fsdp "
                           "shards them)")
@@ -466,21 +466,24 @@ def validate_config(config: BaseConfig) -> BaseConfig:
     return config
 
 
-# Fields the schema accepts (the reference system's names) whose feature is not built yet: a config that asks for
-# one is refused rather than silently ignored. (field path, value that means "off", what to do instead)
-NOT_BUILT: tuple[tuple[str, object, str], ...] = (
-    ("model.pretrained_model_path", None, "start from weights with trainer.checkpointer.pretrained_ckpt_path or a "
-                                          "distillation method's model.teacher_ckpt"),
-)
+DIFFUSERS_BACKBONES = "fastgen.networks.diffusers_nets."
 
 
-def _refuse_what_is_not_built(config: BaseConfig) -> None:
-    for path, off, instead in NOT_BUILT:
-        node: Any = config
-        for part in path.split("."):
-            node = getattr(node, part)
-        if node != off:
-            raise ConfigError(f"{path}={node!r} is not supported yet: {instead}")
+def _check_pretrained_model_path(config: BaseConfig) -> None:
+    """``model.pretrained_model_path`` is a diffusers weights folder: only diffusers-backed networks read it, and a
+    distillation takes its teacher from it or from ``model.teacher_ckpt``, not both."""
+    m = config.model
+    if not m.pretrained_model_path:
+        return
+    backbone = (m.net or {}).get("backbone") if isinstance(m.net, (DictConfig, Mapping)) else None
+    target = str(backbone.get("_target_", "")) if isinstance(backbone, (DictConfig, Mapping)) else ""
+    if not target.startswith(DIFFUSERS_BACKBONES):
+        raise ConfigError("model.pretrained_model_path is read by diffusers-backed networks only "
+                          "(fastgen.configs.net_diffusers); this model.net starts from "
+                          "trainer.checkpointer.pretrained_ckpt_path or a distillation method's model.teacher_ckpt")
+    if getattr(m, "teacher_ckpt", None):
+        raise ConfigError("model.pretrained_model_path and model.teacher_ckpt both name the teacher's weights: "
+                          "set one of them")
 
 
 # ------------------------------------------------------------------------------------------- serialization

@@ -283,7 +283,9 @@ def sample_id(url: str, index: int, pass_: int) -> int:
 
 
 def _decode(extension: str, data: bytes, sample: RawSample) -> Any:
-    if extension in IMAGE_FIELDS:
+    """Decode by the extension's last part, as webdataset does: ``latent.npy`` is an ``npy``, ``hr.png`` a ``png``."""
+    kind = extension.rsplit(".", 1)[-1]
+    if kind in IMAGE_FIELDS:
         import numpy as np
         import PIL.Image
         import torch
@@ -299,21 +301,21 @@ def _decode(extension: str, data: bytes, sample: RawSample) -> Any:
             raise FastGenRuntimeError(f"{sample.url}: {sample.key}.{extension} is not 8-bit ({array.dtype})")
         pixels = torch.from_numpy(array).permute(2, 0, 1)
         return pixels.to(torch.float32).div_(127.5).sub_(1.0)
-    if extension == "npy":
+    if kind == "npy":
         import numpy as np
         import torch
 
         return torch.from_numpy(np.load(io.BytesIO(data), allow_pickle=False))
-    if extension == "cls":
+    if kind == "cls":
         import torch
 
         try:
             return torch.tensor(int(data.decode().strip()), dtype=torch.int64)
         except ValueError:
             raise FastGenRuntimeError(f"{sample.url}: {sample.key}.cls is not an integer") from None
-    if extension == "json":
+    if kind == "json":
         return json.loads(data)
-    if extension == "txt":
+    if kind == "txt":
         return data.decode()
     return data
 

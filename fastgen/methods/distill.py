@@ -102,6 +102,8 @@ class DistillationModel(FastGenModel):
     def init_weights(self) -> None:
         path = self.config.teacher_ckpt
         if self.teacher is None:  # no teacher in this mode: its checkpoint, if any, only initialises the student
+            if self.config.student_init_from_teacher:
+                self.load_pretrained_model(self.net)
             if path and self.config.student_init_from_teacher:
                 load_weights(self.net, load_network_state(path, self.config.teacher_ckpt_key), path, "model.net")
                 logger.info("initialised the student from %s", path)
@@ -112,6 +114,8 @@ class DistillationModel(FastGenModel):
             load_weights(self.teacher, load_network_state(path, self.config.teacher_ckpt_key), path, "model.teacher",
                          what="teacher weights")
             logger.info("loaded the teacher from %s", path)
+        elif getattr(self.config, "pretrained_model_path", None):
+            self.load_pretrained_model(self.teacher)
         else:
             logger.warning("model.teacher_ckpt is not set: distilling a randomly initialised teacher")
         if self.config.student_init_from_teacher:

@@ -90,7 +90,26 @@ class FastGenModel(nn.Module):
     def init_weights(self) -> None:
         """Called once when a run starts from scratch (never on resume, which restores every module). Methods
         that distill load their teacher here and copy it into the student; EMA networks start equal to ``net``."""
+        self.load_pretrained_model(self.net)
         self.sync_ema_to_net()
+
+    def load_pretrained_model(self, net: nn.Module) -> None:
+        """``model.pretrained_model_path`` (a diffusers weights folder, ``fastgen.networks.diffusers_nets``) into
+        ``net``'s backbone: the trained network here, the teacher in a distillation. A backbone that cannot read
+        such a folder is a one-line error naming the field and the other ways to start from weights."""
+        path = getattr(self.config, "pretrained_model_path", None)
+        if not path:
+            return
+        backbone = getattr(net, "backbone", net)
+        loader = getattr(backbone, "load_pretrained", None)
+        if loader is None:
+            from fastgen.utils.errors import ConfigError
+
+            raise ConfigError(f"model.pretrained_model_path is read by diffusers-backed networks only; "
+                              f"{type(backbone).__name__} starts from trainer.checkpointer.pretrained_ckpt_path or a "
+                              "distillation method's model.teacher_ckpt")
+        loader(str(path))
+        logger.info("loaded the pretrained weights in %s", path)
 
     @torch.no_grad()
     def sync_ema_to_net(self) -> None:

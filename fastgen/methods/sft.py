@@ -30,7 +30,9 @@ class SFTModel(FastGenModel):
         rng = self.rng
         if condition is not None and dropout > 0:
             condition = as_one_hot(condition, self.num_classes)
+            # one draw per sample, broadcast over a label row or a (tokens, width) text embedding
             keep = (rng.rand((condition.shape[0], 1), device=condition.device) >= dropout).to(condition.dtype)
+            keep = keep.reshape(-1, *([1] * (condition.dim() - 1)))
             condition = condition * keep
         scheduler = self.noise_scheduler
         t = scheduler.sample_t(x0.shape[0], device=x0.device, generator=rng).to(x0.dtype)

@@ -208,6 +208,85 @@ class RectifiedFlowScheduler(NoiseScheduler):
         return torch.zeros_like(t), torch.ones_like(t), torch.ones_like(t), t
 
 
+class DiscreteVPScheduler(NoiseScheduler):
+    """The discrete variance-preserving schedule of DDPM-trained latent models (Stable Diffusion 1.x / 2.x):
+    ``x_k = sqrt(abar_k) x0 + sqrt(1 - abar_k) eps`` with ``abar_k = prod_{j <= k} (1 - beta_j)`` over
+    ``k = 0..N-1`` (Ho et al. 2020, Eq. 4) and, for ``beta_schedule="scaled_linear"``, ``beta_k = (sqrt(b_0) +
+    k / (N - 1) (sqrt(b_1) - sqrt(b_0)))^2`` (the Stable Diffusion schedule; ``"linear"``: DDPM's own).
+
+    Time here is continuous, ``t in [0, 1]``: ``t = (k + 1) / N`` is step ``k`` and ``t = 0`` is clean data;
+    ``ln abar`` is linear in ``t`` between those knots, so ``alpha``, ``sigma`` and their derivatives (needed to
+    convert to the ODE velocity) are exact for the trained steps and smooth enough between them. The network sees
+    ``x_t`` unscaled and the step index ``c_noise = t N - 1`` (what the U-Net was trained on) and predicts
+    ``prediction_type`` (``eps`` - Ho et al. 2020, Eq. 14 - or ``v`` for the v-prediction checkpoints; Salimans &
+    Ho 2022, Sec. 4).
+
+    * training: ``k`` uniform over the ``N`` steps, weight 1 on the native prediction (DDPM's "simple" loss);
+    * sampling grid: ``steps + 1`` uniform times from 1 to 0 - "trailing" spacing, which starts at the last trained
+      step (Lin et al. 2024, "Common diffusion noise schedules and sample steps are flawed", Table 2).
+    """
+
+    def __init__(self, num_train_timesteps: int = 1000, beta_start: float = 0.00085, beta_end: float = 0.012,
+                 beta_schedule: str = "scaled_linear", prediction_type: str = "eps") -> None:
+        if beta_schedule == "scaled_linear":
+            betas = torch.linspace(beta_start**0.5, beta_end**0.5, num_train_timesteps, dtype=torch.float64, device="cpu") ** 2
+        elif beta_schedule == "linear":
+            betas = torch.linspace(beta_start, beta_end, num_train_timesteps, dtype=torch.float64, device="cpu")
+        else:
+            raise ValueError(f"beta_schedule must be 'scaled_linear' or 'linear', got {beta_schedule!r}")
+        if prediction_type not in ("eps", "v"):
+            raise ValueError(f"prediction_type must be 'eps' or 'v', got {prediction_type!r}")
+        self.native_pred_type = prediction_type  # type: ignore[assignment]
+        self.num_train_timesteps = int(num_train_timesteps)
+        # ln abar at the knots t = 0 (clean), 1/N, ..., 1; on the CPU even inside a meta-device build
+        self._log_abar = torch.cat([torch.zeros(1, dtype=torch.float64, device="cpu"), torch.cumsum(torch.log1p(-betas), 0)])
+        self.t_min, self.t_max = 0.0, 1.0
+        self._sigma_max = float((-torch.expm1(self._log_abar[-1])).sqrt())
+
+    def prior_sample(self, shape: tuple[int, ...], device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                     generator: RandomSource = None) -> torch.Tensor:
+        # sigma(t_max) as a Python number computed once: no tensor value is read while a step runs (fake tensors)
+        return randn(shape, device=device, dtype=dtype, generator=generator) * self._sigma_max
+
+    def _log_abar_and_slope(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.num_train_timesteps
+        table = self._log_abar.to(t.device)
+        position = (t.double() * n).clamp(0, n)
+        left = position.floor().clamp(max=n - 1).long()
+        slope = (table[left + 1] - table[left]) * n  # d ln(abar) / dt on this segment
+        value = table[left] + (position - left) * (table[left + 1] - table[left])
+        return value.to(t.dtype), slope.to(t.dtype)
+
+    def alpha(self, t: torch.Tensor) -> torch.Tensor:
+        return (0.5 * self._log_abar_and_slope(t)[0]).exp()
+
+    def sigma(self, t: torch.Tensor) -> torch.Tensor:
+        return (-torch.expm1(self._log_abar_and_slope(t)[0])).clamp(min=0).sqrt()
+
+    def d_alpha(self, t: torch.Tensor) -> torch.Tensor:
+        log_abar, slope = self._log_abar_and_slope(t)
+        return 0.5 * slope * (0.5 * log_abar).exp()
+
+    def d_sigma(self, t: torch.Tensor) -> torch.Tensor:
+        log_abar, slope = self._log_abar_and_slope(t)
+        return -0.5 * slope * log_abar.exp() / self.sigma(t)
+
+    def sample_t(self, n: int, device: torch.device | str = "cpu", generator: RandomSource = None) -> torch.Tensor:
+        # a standard normal through its CDF is uniform on (0, 1): the keyed streams provide normals
+        uniform = 0.5 * (1.0 + torch.erf(randn(n, device=device, generator=generator) / 2**0.5))
+        step = (uniform * self.num_train_timesteps).floor().clamp(max=self.num_train_timesteps - 1)
+        return (step + 1.0) / self.num_train_timesteps
+
+    def sampling_times(self, steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        if steps < 1:
+            raise ValueError("sampling needs at least one step")
+        return torch.linspace(1.0, 0.0, steps + 1, device=device)
+
+    def precondition(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        step = (t * self.num_train_timesteps - 1.0).clamp(min=0.0)
+        return torch.zeros_like(t), torch.ones_like(t), torch.ones_like(t), step
+
+
 class TrigFlowScheduler(NoiseScheduler):
     """TrigFlow (Lu & Song 2024, "Simplifying, stabilizing and scaling continuous-time consistency models",
     Sec. 2): ``x_t = cos(t) x0 + sin(t) z`` with ``z ~ N(0, sigma_d^2 I)`` and ``t in [0, pi/2]``.

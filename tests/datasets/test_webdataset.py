@@ -74,6 +74,25 @@ def test_fields_decode_by_extension_and_match_the_image_zips_pixels(tmp_path: Pa
     assert batch["sample_ids"].tolist() == [sample_id(batch["url"][0], 0, 0)]
 
 
+def test_a_multi_part_extension_decodes_by_its_last_part(tmp_path: Path) -> None:
+    """``latent.npy`` / ``text.npy`` (the diffusers recipes' precomputed latents and text embeddings) decode as
+    ``npy`` and stack into batch tensors; ``hr.png`` is an image."""
+    arrays = {name: np.random.default_rng(i).standard_normal(shape, dtype=np.float32)
+              for i, (name, shape) in enumerate({"latent": (4, 2, 2), "text": (3, 5)}.items())}
+    members = {}
+    for name, array in arrays.items():
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        members[f"{name}.npy"] = buffer.getvalue()
+    pixels = np.zeros((2, 2, 1), dtype=np.uint8)
+    write_shards([{"__key__": f"k{i}", **members, "hr.png": encode_png(pixels)} for i in range(2)], tmp_path, 2)
+    batch = next(WebDatasetLoader([f"WDS:{tmp_path}"], batch_size=2, fields={
+        "real": "latent.npy", "condition": "text.npy", "image": "hr.png"}))
+    assert batch["real"].shape == (2, 4, 2, 2) and batch["condition"].shape == (2, 3, 5)
+    torch.testing.assert_close(batch["condition"][1], torch.from_numpy(arrays["text"]))
+    assert batch["image"].shape == (2, 1, 2, 2) and float(batch["image"].min()) == -1.0
+
+
 def test_samples_group_by_key_and_long_names_keep_their_offsets(tmp_path: Path) -> None:
     """Members of one key are one sample; a name over 100 characters (a pax header) still starts its sample at the
     header's first byte, so reading from a sample's offset yields that sample."""

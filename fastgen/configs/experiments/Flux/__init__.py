@@ -1,0 +1,1 @@
+"""Recipes for diffusers-backed Flux models (need ``pip install 'fastgen[diffusers]'``)."""

@@ -1,0 +1,1 @@
+"""Recipes for diffusers-backed SD models (need ``pip install 'fastgen[diffusers]'``)."""

@@ -1,0 +1,1 @@
+"""Recipes for diffusers-backed Wan models (need ``pip install 'fastgen[diffusers]'``)."""

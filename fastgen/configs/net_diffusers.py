@@ -1,0 +1,97 @@
+"""Network configs for the diffusers-backed backbones (``fastgen.networks.diffusers_nets``; needs
+``pip install 'fastgen[diffusers]'``), each with the noise schedule its model was trained with.
+
+The architecture dicts are the models' published ``config.json`` entries, so a recipe sizes (``fastgen dryrun``)
+and builds on the meta device without the weights; the weights come from ``model.pretrained_model_path`` when a
+run starts. The ``TINY_*`` dicts are the same classes at toy size, for tests and CPU smoke runs on digits
+(1-channel 8x8 "latents")::
+
+    config.model.net = flux_transformer(TINY_FLUX, num_prompts=10)   # labels 0..9 pick 10 stand-in prompts
+    config.model.net = sd_unet(SD15_UNET)                             # + model.pretrained_model_path=/weights/sd15
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from fastgen.configs.instantiate import LazyCall
+from fastgen.configs.net import flow_schedule
+
+#: Stable Diffusion 1.5's U-Net (``unet/config.json``): 859,520,964 parameters.
+SD15_UNET: dict[str, Any] = {
+    "sample_size": 64, "in_channels": 4, "out_channels": 4, "layers_per_block": 2,
+    "block_out_channels": [320, 640, 1280, 1280], "attention_head_dim": 8, "cross_attention_dim": 768,
+    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+    "norm_num_groups": 32, "flip_sin_to_cos": True, "freq_shift": 0,
+}
+
+#: FLUX.1-dev's transformer (``transformer/config.json``): 19 double-stream and 38 single-stream blocks.
+FLUX1_DEV: dict[str, Any] = {
+    "patch_size": 1, "in_channels": 64, "num_layers": 19, "num_single_layers": 38, "attention_head_dim": 128,
+    "num_attention_heads": 24, "joint_attention_dim": 4096, "pooled_projection_dim": 768, "guidance_embeds": True,
+    "axes_dims_rope": [16, 56, 56],
+}
+
+#: Wan 2.1 T2V 1.3B's transformer (``transformer/config.json``).
+WAN21_T2V_1_3B: dict[str, Any] = {
+    "patch_size": [1, 2, 2], "num_attention_heads": 12, "attention_head_dim": 128, "in_channels": 16,
+    "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 8960, "num_layers": 30,
+    "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 1024,
+}
+
+# Toy sizes of the same classes for 1-channel 8x8 inputs (digits).
+TINY_SD_UNET: dict[str, Any] = {
+    "sample_size": 8, "in_channels": 1, "out_channels": 1, "layers_per_block": 1, "block_out_channels": [16, 32],
+    "attention_head_dim": 4, "cross_attention_dim": 16, "norm_num_groups": 8,
+    "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"], "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"],
+}
+TINY_FLUX: dict[str, Any] = {
+    "patch_size": 1, "in_channels": 4, "num_layers": 1, "num_single_layers": 2, "attention_head_dim": 8,
+    "num_attention_heads": 2, "joint_attention_dim": 16, "pooled_projection_dim": 8, "guidance_embeds": False,
+    "axes_dims_rope": [2, 2, 4],
+}
+TINY_WAN: dict[str, Any] = {
+    "patch_size": [1, 2, 2], "num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 1, "out_channels": 1,
+    "text_dim": 16, "freq_dim": 32, "ffn_dim": 32, "num_layers": 2, "rope_max_seq_len": 32,
+}
+
+
+def sd_schedule(prediction_type: str = "eps") -> DictConfig:
+    """Stable Diffusion's DDPM schedule: 1000 steps, scaled-linear betas 0.00085 to 0.012."""
+    return LazyCall("fastgen.networks.noise_schedules.DiscreteVPScheduler")(
+        num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+        prediction_type=prediction_type,
+    )
+
+
+def _wrapped(backbone: DictConfig, schedule: DictConfig) -> DictConfig:
+    return LazyCall("fastgen.networks.diffusion_net.DiffusionNet")(backbone=backbone, noise_scheduler=schedule)
+
+
+def sd_unet(config: dict[str, Any], prompt_embeddings: str | None = None, num_prompts: int = 0,
+            prompt_tokens: int = 1, schedule: DictConfig | None = None) -> DictConfig:
+    """A ``UNet2DConditionModel`` on SD's discrete VP schedule (epsilon prediction unless ``schedule`` says)."""
+    return _wrapped(LazyCall("fastgen.networks.diffusers_nets.SDUNet")(
+        config=dict(config), prompt_embeddings=prompt_embeddings, num_prompts=num_prompts, prompt_tokens=prompt_tokens,
+    ), schedule if schedule is not None else sd_schedule())
+
+
+def flux_transformer(config: dict[str, Any], guidance: float = 3.5, prompt_embeddings: str | None = None,
+                     num_prompts: int = 0, prompt_tokens: int = 1, shift: float = 3.0) -> DictConfig:
+    """A ``FluxTransformer2DModel`` on rectified flow: logit-normal training times (Esser et al. 2024, Eq. 19) and
+    sampling times shifted by ``shift`` (Eq. 23; FLUX.1-dev's pipeline shifts by about 3 at 1024x1024)."""
+    return _wrapped(LazyCall("fastgen.networks.diffusers_nets.FluxTransformer")(
+        config=dict(config), guidance=guidance, prompt_embeddings=prompt_embeddings, num_prompts=num_prompts,
+        prompt_tokens=prompt_tokens,
+    ), flow_schedule(shift=shift))
+
+
+def wan_transformer(config: dict[str, Any], prompt_embeddings: str | None = None, num_prompts: int = 0,
+                    prompt_tokens: int = 1, shift: float = 5.0) -> DictConfig:
+    """A ``WanTransformer3DModel`` on rectified flow, sampling shift 5 (Wan 2.1's text-to-video default)."""
+    return _wrapped(LazyCall("fastgen.networks.diffusers_nets.WanTransformer")(
+        config=dict(config), prompt_embeddings=prompt_embeddings, num_prompts=num_prompts, prompt_tokens=prompt_tokens,
+    ), flow_schedule(shift=shift))

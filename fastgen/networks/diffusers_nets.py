@@ -1,0 +1,308 @@
+"""diffusers-backed backbones: Stable-Diffusion-style U-Nets, Flux-style and Wan-style transformers in the network
+contract (``fastgen.networks.diffusion_net``), behind the optional extra ``pip install fastgen[diffusers]``.
+
+Each class wraps one diffusers model class, built from its architecture config (a dict, as in the model's
+``config.json``), so that ``fastgen dryrun`` and meta-device builds size a 12B transformer without its weights.
+The weights come from ``model.pretrained_model_path`` - a local diffusers folder (``transformer/`` or ``unet/``
+inside a pipeline folder, or the model folder itself) read with safetensors in ``load_pretrained`` - when a run
+starts, never in ``__init__``. The schedule is the one the model was trained with, set by the config builders in
+``fastgen.configs.net_diffusers``: discrete VP with epsilon prediction for SD (``DiscreteVPScheduler``), rectified
+flow for Flux and Wan (``x_t = (1 - t) x0 + t eps``, velocity ``eps - x0``; Esser et al. 2024; Wan 2025).
+
+What each backbone is given (``forward(x, c_noise, condition, r_noise, feature_indices, return_logvar)``):
+
+* ``x``: latents ``(B, C, H, W)``; for Wan also ``(B, C, F, H, W)`` video latents (an image is one frame). Flux
+  packs 2x2 latent patches into tokens itself (its pipeline's ``_pack_latents``), so ``in_channels = 4 C``.
+* ``c_noise``: the schedule's time: SD's step index ``0..N-1``; Flux's ``t in [0, 1]`` (the transformer scales by
+  1000 itself); Wan's ``t`` scaled to ``0..1000`` here, as its pipeline passes it.
+* ``condition``: **text embeddings** ``(B, T, D)`` (``D`` = the model's cross-attention / joint-attention / text
+  dimension); for Flux, row 0 carries the pooled text vector (CLIP's, first ``pooled_projection_dim`` channels,
+  zero-padded) and rows ``1..T`` the token embeddings - ``pack_flux_condition`` builds that layout. **Or class
+  labels** (``(B,)`` integers or ``(B, num_prompts)`` one-hot rows) when the backbone has a prompt bank
+  (``prompt_embeddings``: one embedding sequence per class, e.g. "a photo of a {class}" encoded once): a label
+  selects its prompt's embeddings, so the library's class-conditional machinery (label dropout, guidance, balanced
+  sample grids, ``fastgen eval``) works unchanged. The all-zero row / ``None`` is the null condition (zero
+  embeddings), which is what the trainer's ``condition_dropout`` substitutes.
+* ``feature_indices``: indices into ``shard_units()``; the chosen units' image-token outputs come back as
+  ``(B, D, h, w)`` maps (video frames stacked along ``h``) for the discriminator heads.
+* ``return_logvar``: not provided by these models (a one-line error).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fastgen.networks.layers import contract_output
+from fastgen.utils.errors import UsageError
+
+INSTALL_HINT = "pip install 'fastgen[diffusers]'"
+
+
+def import_diffusers() -> Any:
+    """``diffusers``, or a one-line UsageError that says how to install it."""
+    try:
+        import diffusers
+    except ImportError:
+        raise UsageError(f"diffusers-backed networks need the diffusers package: {INSTALL_HINT}") from None
+    return diffusers
+
+
+def pack_flux_condition(tokens: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+    """Flux's two text inputs in one ``condition`` tensor: ``(B, 1 + T, D)`` with the pooled vector ``(B, P)``
+    (``P <= D``), zero-padded to ``D``, in row 0 and the token embeddings ``(B, T, D)`` after it."""
+    if pooled.shape[-1] > tokens.shape[-1]:
+        raise ValueError(f"the pooled vector ({pooled.shape[-1]}) is wider than the token embeddings ({tokens.shape[-1]})")
+    row = torch.nn.functional.pad(pooled, (0, tokens.shape[-1] - pooled.shape[-1])).unsqueeze(1)
+    return torch.cat([row.to(tokens.dtype), tokens], dim=1)
+
+
+def read_diffusers_state(path: str, subfolder: str) -> dict[str, torch.Tensor]:
+    """The state dict of a diffusers model folder (``diffusion_pytorch_model.safetensors``, or the shards an
+    ``.safetensors.index.json`` lists), looked for in ``path/subfolder`` and then ``path``. safetensors only:
+    it loads tensors without running pickled code."""
+    from safetensors.torch import load_file
+
+    root = Path(path)
+    for folder in (root / subfolder, root):
+        single = folder / "diffusion_pytorch_model.safetensors"
+        index = folder / "diffusion_pytorch_model.safetensors.index.json"
+        if single.is_file():
+            return load_file(str(single))
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            state: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                state.update(load_file(str(folder / shard)))
+            return state
+    if not root.exists():
+        raise UsageError(f"model.pretrained_model_path: {path} does not exist (download the model's diffusers "
+                         f"weights there, or set - model.pretrained_model_path=PATH)")
+    raise UsageError(f"model.pretrained_model_path: no diffusion_pytorch_model.safetensors (or its .index.json) in "
+                     f"{root / subfolder} or {root}")
+
+
+class DiffusersBackbone(nn.Module):
+    """Base class: builds ``model_class`` from ``config`` and adds the contract's conditioning, feature taps, shard
+    units and weight loading. Subclasses say how the model is called (``_call``) and where its blocks are."""
+
+    model_class: str = ""
+    weights_subfolder: str = ""
+
+    def __init__(self, config: dict[str, Any], text_dim: int, prompt_embeddings: str | None = None,
+                 num_prompts: int = 0, prompt_tokens: int = 1) -> None:
+        super().__init__()
+        diffusers = import_diffusers()
+        self.model = getattr(diffusers, self.model_class).from_config(dict(config))
+        self.text_dim = int(text_dim)
+        bank = self._prompt_bank(prompt_embeddings, num_prompts, prompt_tokens)
+        self.register_buffer("prompt_bank", bank if bank is not None else torch.zeros(0, 1, self.text_dim))
+
+    def _prompt_bank(self, path: str | None, num_prompts: int, tokens: int) -> torch.Tensor | None:
+        """``(num_prompts, T, D)``: read from ``path`` (a safetensors or ``torch.save`` file holding one tensor of
+        that shape, loaded with ``weights_only=True``; not read in a meta-device build, so ``fastgen dryrun``
+        works before it exists) or, without a path, drawn once from N(0, 1) with seed 0 - a fixed stand-in for
+        encoded prompts in tests and tiny recipes. It is a buffer in the state dict, so checkpoints carry it."""
+        if path and torch.empty(0).device.type == "meta":  # a meta-device build (dryrun, meta init): shape only
+            return torch.empty(num_prompts, tokens, self.text_dim)
+        if path:
+            file = os.path.expanduser(path)
+            if not os.path.isfile(file):
+                raise UsageError(f"prompt_embeddings: {path} does not exist")
+            if file.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                tensors = list(load_file(file).values())
+            else:
+                loaded = torch.load(file, map_location="cpu", weights_only=True)
+                tensors = list(loaded.values()) if isinstance(loaded, dict) else [loaded]
+            want = (num_prompts, tokens, self.text_dim)
+            if len(tensors) != 1 or tuple(tensors[0].shape) != want:
+                found = ", ".join(str(tuple(t.shape)) for t in tensors)
+                raise UsageError(f"prompt_embeddings: {path} must hold one tensor of shape {want} (num_prompts, "
+                                 f"tokens, width); it holds {found or 'none'}")
+            return tensors[0].float()
+        if num_prompts <= 0:
+            return None
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        return torch.randn(num_prompts, tokens, self.text_dim, generator=generator, device="cpu")
+
+    # ---- conditioning -------------------------------------------------------------------------------------
+    def text_embeddings(self, condition: torch.Tensor | None, batch: int, dtype: torch.dtype,
+                        device: torch.device) -> torch.Tensor:
+        """``(B, T, D)`` embeddings from text embeddings, labels (through the prompt bank) or ``None``."""
+        if condition is None:
+            tokens = self.prompt_bank.shape[1] if len(self.prompt_bank) else 1
+            return torch.zeros(batch, tokens, self.text_dim, dtype=dtype, device=device)
+        if condition.dim() == 3:
+            if condition.shape[-1] != self.text_dim:
+                raise ValueError(f"text embeddings of width {condition.shape[-1]}; this network takes {self.text_dim}")
+            return condition.to(dtype)
+        if not len(self.prompt_bank):
+            raise ValueError(f"{type(self).__name__} is conditioned on text embeddings (B, T, {self.text_dim}); got "
+                             f"a condition of shape {tuple(condition.shape)} and it has no prompt bank for labels")
+        labels = condition
+        if labels.dim() == 1:
+            labels = nn.functional.one_hot(labels.long(), len(self.prompt_bank))
+        return torch.einsum("bc,ctd->btd", labels.to(self.prompt_bank.dtype), self.prompt_bank).to(dtype)
+
+    # ---- the contract ---------------------------------------------------------------------------------------
+    def shard_units(self) -> list[nn.Module]:
+        raise NotImplementedError
+
+    @property
+    def bottleneck_feature_index(self) -> int:
+        return len(self.shard_units()) // 2
+
+    def _call(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _feature_map(self, output: Any, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, c_noise: torch.Tensor, condition: torch.Tensor | None = None,
+                r_noise: torch.Tensor | None = None, feature_indices: list[int] | None = None,
+                return_logvar: bool = False) -> Any:
+        if return_logvar:
+            raise ValueError(f"{type(self).__name__} does not predict a log-variance (model.net is diffusers-backed)")
+        if r_noise is not None:
+            raise ValueError(f"{type(self).__name__} takes one time input; methods with a second one (MeanFlow) need "
+                             "a backbone built with use_r")
+        units = self.shard_units()
+        features: dict[int, torch.Tensor] = {}
+        handles = []
+        for index in feature_indices or []:
+            if not 0 <= index < len(units):
+                raise ValueError(f"feature_indices {feature_indices} must name blocks 0..{len(units) - 1}")
+
+            def keep(_module: nn.Module, _args: Any, output: Any, index: int = index) -> None:
+                features[index] = self._feature_map(output, x)
+
+            handles.append(units[index].register_forward_hook(keep))
+        try:
+            text = self.text_embeddings(condition, x.shape[0], x.dtype, x.device)
+            out = self._call(x, c_noise, text)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if feature_indices is None:
+            return out
+        return contract_output(out, [features[i] for i in feature_indices])
+
+    def load_pretrained(self, path: str) -> None:
+        """The diffusers weights in ``path`` (``model.pretrained_model_path``) into the wrapped model, strictly:
+        a key that is missing or left over is a one-line CheckpointError."""
+        from fastgen.methods.distill import load_weights
+
+        load_weights(self.model, read_diffusers_state(path, self.weights_subfolder), path, "model.pretrained_model_path",
+                     what="diffusers weights")
+
+
+def _tokens_to_map(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """``(B, h * w, D)`` image tokens as a ``(B, D, h, w)`` map."""
+    return tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], height, width)
+
+
+class SDUNet(DiffusersBackbone):
+    """A Stable-Diffusion-style ``UNet2DConditionModel``: ``unet(x_t, step, encoder_hidden_states)`` predicts the
+    noise (or ``v``). Shard units: the down blocks, the mid block and the up blocks."""
+
+    model_class = "UNet2DConditionModel"
+    weights_subfolder = "unet"
+
+    def __init__(self, config: dict[str, Any], prompt_embeddings: str | None = None, num_prompts: int = 0,
+                 prompt_tokens: int = 1) -> None:
+        super().__init__(config, int(config["cross_attention_dim"]), prompt_embeddings, num_prompts, prompt_tokens)
+
+    def shard_units(self) -> list[nn.Module]:
+        return [*self.model.down_blocks, self.model.mid_block, *self.model.up_blocks]
+
+    def _call(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        return self.model(x, c_noise, encoder_hidden_states=text, return_dict=False)[0]
+
+    def _feature_map(self, output: Any, x: torch.Tensor) -> torch.Tensor:
+        return output[0] if isinstance(output, tuple) else output  # down blocks return (hidden, skip connections)
+
+
+class FluxTransformer(DiffusersBackbone):
+    """A Flux-style ``FluxTransformer2DModel`` (MM-DiT double-stream blocks, then single-stream blocks; Esser et al.
+    2024): latents are packed into 2x2-patch tokens with ``(0, row, column)`` position ids, the text tokens get
+    zero ids, and the output is unpacked. With ``guidance_embeds`` (FLUX.1-dev's distilled guidance) the embedded
+    guidance is ``guidance`` (3.5 by default, the dev pipeline's). Shard units: every transformer block."""
+
+    model_class = "FluxTransformer2DModel"
+    weights_subfolder = "transformer"
+
+    def __init__(self, config: dict[str, Any], guidance: float = 3.5, prompt_embeddings: str | None = None,
+                 num_prompts: int = 0, prompt_tokens: int = 1) -> None:
+        # the bank's rows are in the packed layout (row 0 pooled), so a prompt needs one extra token
+        super().__init__(config, int(config["joint_attention_dim"]), prompt_embeddings, num_prompts, prompt_tokens + 1)
+        self.pooled_dim = int(config.get("pooled_projection_dim", 768))
+        self.guidance = float(guidance)
+
+    def shard_units(self) -> list[nn.Module]:
+        return [*self.model.transformer_blocks, *self.model.single_transformer_blocks]
+
+    def text_embeddings(self, condition: torch.Tensor | None, batch: int, dtype: torch.dtype,
+                        device: torch.device) -> torch.Tensor:
+        text = super().text_embeddings(condition, batch, dtype, device)
+        if condition is None and text.shape[1] < 2:  # the null condition: a zero pooled row and one zero token
+            text = torch.zeros(batch, 2, self.text_dim, dtype=dtype, device=device)
+        return text
+
+    @staticmethod
+    def _image_ids(height: int, width: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        rows = torch.arange(height, device=device, dtype=dtype).repeat_interleave(width)
+        cols = torch.arange(width, device=device, dtype=dtype).repeat(height)
+        return torch.stack([torch.zeros_like(rows), rows, cols], dim=1)
+
+    def _call(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        if h % 2 or w % 2:
+            raise ValueError(f"Flux packs 2x2 latent patches: height and width must be even, got {h}x{w}")
+        packed = x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
+        pooled, tokens = text[:, 0, : self.pooled_dim], text[:, 1:]
+        guidance = None
+        if self.model.config.guidance_embeds:
+            guidance = torch.full((b,), self.guidance, device=x.device, dtype=x.dtype)
+        out = self.model(
+            hidden_states=packed, encoder_hidden_states=tokens, pooled_projections=pooled, timestep=c_noise.to(x.dtype),
+            img_ids=self._image_ids(h // 2, w // 2, x.device, x.dtype),
+            txt_ids=torch.zeros(tokens.shape[1], 3, device=x.device, dtype=x.dtype), guidance=guidance, return_dict=False,
+        )[0]
+        return out.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+
+    def _feature_map(self, output: Any, x: torch.Tensor) -> torch.Tensor:
+        image_tokens = output[1]  # every Flux block returns (text tokens, image tokens)
+        return _tokens_to_map(image_tokens, x.shape[-2] // 2, x.shape[-1] // 2)
+
+
+class WanTransformer(DiffusersBackbone):
+    """A Wan-style ``WanTransformer3DModel`` (Wan 2025: a DiT over 3-D patches with cross-attention to umT5 text
+    tokens). It takes ``(B, C, F, H, W)`` video latents; ``(B, C, H, W)`` images are one frame. Its timestep
+    embedding expects the pipeline's ``1000 t``. Shard units: every transformer block."""
+
+    model_class = "WanTransformer3DModel"
+    weights_subfolder = "transformer"
+
+    def __init__(self, config: dict[str, Any], prompt_embeddings: str | None = None, num_prompts: int = 0,
+                 prompt_tokens: int = 1) -> None:
+        super().__init__(config, int(config["text_dim"]), prompt_embeddings, num_prompts, prompt_tokens)
+
+    def shard_units(self) -> list[nn.Module]:
+        return list(self.model.blocks)
+
+    def _call(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        video = x if x.dim() == 5 else x.unsqueeze(2)
+        out = self.model(video, (c_noise * 1000.0).to(x.dtype), text, return_dict=False)[0]
+        return out if x.dim() == 5 else out.squeeze(2)
+
+    def _feature_map(self, output: Any, x: torch.Tensor) -> torch.Tensor:
+        p_t, p_h, p_w = self.model.config.patch_size
+        frames = (x.shape[2] if x.dim() == 5 else 1) // p_t
+        return _tokens_to_map(output, frames * (x.shape[-2] // p_h), x.shape[-1] // p_w)

@@ -1,0 +1,214 @@
+"""diffusers-backed networks (``fastgen.networks.diffusers_nets``): SD-style U-Net, Flux- and Wan-style
+transformers built from tiny random configs (no weight downloads), in the network contract; SD's discrete VP
+schedule against diffusers' own; weights from ``model.pretrained_model_path``; SFT and DMD2 on digits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import DictConfig
+
+from fastgen.configs.instantiate import instantiate
+from fastgen.configs.net_diffusers import (
+    TINY_FLUX,
+    TINY_SD_UNET,
+    TINY_WAN,
+    flux_transformer,
+    sd_unet,
+    wan_transformer,
+)
+from fastgen.networks.diffusers_nets import pack_flux_condition
+from fastgen.networks.noise_schedules import DiscreteVPScheduler
+
+FAMILIES = {
+    "sd": lambda **kw: sd_unet(TINY_SD_UNET, **kw),
+    "flux": lambda **kw: flux_transformer(TINY_FLUX, **kw),
+    "wan": lambda **kw: wan_transformer(TINY_WAN, **kw),
+}
+
+
+def _net(family: str, **kwargs):
+    torch.manual_seed(0)
+    return instantiate(FAMILIES[family](**kwargs))
+
+
+def _inputs(batch: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(batch, 1, 8, 8, generator=g), torch.rand(batch, generator=g) * 0.9 + 0.05, torch.arange(batch) % 10
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_contract_labels_pick_prompts_and_zero_is_the_null_condition(family: str) -> None:
+    """Output like the input; a label is its prompt's embeddings (the same output as passing those embeddings);
+    the all-zero row and ``None`` are the null condition; a label changes the output; feature taps come back as
+    ``(B, D, h, w)`` maps in the order asked; return_logvar and out-of-range taps are errors."""
+    net = _net(family, num_prompts=10, prompt_tokens=3)
+    x, t, y = _inputs()
+    out = net(x, t, condition=y)
+    assert out.shape == x.shape and torch.isfinite(out).all()
+    bank = net.backbone.prompt_bank
+    assert torch.allclose(net(x, t, condition=bank[y]), out, atol=1e-6)
+    one_hot = torch.nn.functional.one_hot(y, 10).float()
+    assert torch.allclose(net(x, t, condition=one_hot), out, atol=1e-6)
+    null = net(x, t, condition=torch.zeros(4, 10))
+    assert torch.allclose(net(x, t, condition=None), null, atol=1e-6)
+    assert not torch.allclose(null, out, atol=1e-4)
+    units = net.backbone.shard_units()
+    last = len(units) - 1
+    pred, features = net(x, t, condition=y, feature_indices=[last, 0])
+    assert torch.allclose(pred, out, atol=1e-6) and len(features) == 2
+    assert all(f.dim() == 4 and f.shape[0] == 4 for f in features)
+    with pytest.raises(ValueError, match="log-variance"):
+        net(x, t, return_logvar=True)
+    with pytest.raises(ValueError, match="feature_indices"):
+        net(x, t, feature_indices=[len(units)])
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_it_is_the_wrapped_diffusers_model_called_as_its_pipeline_calls_it(family: str) -> None:
+    """The adapter's output is the diffusers model's own forward on the pipeline's inputs: SD's step index
+    ``t N - 1`` and unscaled latents; Flux's 2x2-packed tokens, ``(0, row, column)`` image ids and ``t``; Wan's
+    one-frame video and ``1000 t``. The schedules' preconditioning is the identity here (``c_skip = 0``)."""
+    net = _net(family, num_prompts=10, prompt_tokens=3)
+    x, t, y = _inputs()
+    text = net.backbone.prompt_bank[y]
+    model = net.backbone.model
+    with torch.no_grad():
+        if family == "sd":
+            want = model(x, t * 1000 - 1, encoder_hidden_states=text).sample
+        elif family == "flux":
+            b, c, h, w = x.shape
+            packed = x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
+            ids = torch.zeros(h // 2, w // 2, 3)
+            ids[..., 1] += torch.arange(h // 2)[:, None]
+            ids[..., 2] += torch.arange(w // 2)[None, :]
+            tokens = model(hidden_states=packed, encoder_hidden_states=text[:, 1:], pooled_projections=text[:, 0, :8],
+                           timestep=t, img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(3, 3)).sample
+            want = tokens.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+        else:
+            want = model(x.unsqueeze(2), t * 1000, text).sample.squeeze(2)
+        got = net(x, t, condition=y)
+    if family == "sd":  # eps prediction converted to nothing: the native prediction is the model's
+        assert net.native_pred_type == "eps"
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+def test_flux_condition_packs_the_pooled_vector_in_row_zero() -> None:
+    tokens, pooled = torch.randn(2, 5, 16), torch.randn(2, 8)
+    packed = pack_flux_condition(tokens, pooled)
+    assert packed.shape == (2, 6, 16)
+    assert torch.equal(packed[:, 0, :8], pooled) and not packed[:, 0, 8:].any() and torch.equal(packed[:, 1:], tokens)
+    net = _net("flux")
+    x, t, _ = _inputs(2)
+    assert net(x, t, condition=packed).shape == x.shape
+    with pytest.raises(ValueError, match="no prompt bank"):
+        net(x, t, condition=torch.tensor([1, 2]))
+
+
+def test_sd_schedule_is_diffusers_ddpm_schedule() -> None:
+    """At the trained steps ``t = (k + 1) / N`` the schedule's ``alpha^2`` is diffusers' ``alphas_cumprod[k]`` for
+    SD's betas; ``t = 0`` is clean; the derivatives are those of ``alpha`` and ``sigma`` (finite differences inside
+    a segment); eps -> x0 -> eps round-trips; training times are trained steps."""
+    from diffusers import DDPMScheduler
+
+    theirs = DDPMScheduler(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
+    ours = DiscreteVPScheduler()
+    k = torch.tensor([0, 1, 10, 500, 998, 999])
+    t = (k.double() + 1) / 1000
+    assert torch.allclose(ours.alpha(t) ** 2, theirs.alphas_cumprod[k].double(), rtol=1e-5)
+    assert torch.allclose(ours.alpha(t) ** 2 + ours.sigma(t) ** 2, torch.ones_like(t))
+    assert ours.alpha(torch.zeros(1, dtype=torch.float64)).item() == 1.0
+    s = torch.tensor([0.3004, 0.7502], dtype=torch.float64)
+    h = 1e-6
+    assert torch.allclose(ours.d_alpha(s), (ours.alpha(s + h) - ours.alpha(s - h)) / (2 * h), rtol=1e-4)
+    assert torch.allclose(ours.d_sigma(s), (ours.sigma(s + h) - ours.sigma(s - h)) / (2 * h), rtol=1e-4)
+    x_t, eps = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    x0 = ours.convert(eps, x_t, s, "eps", "x0")
+    assert torch.allclose(ours.convert(x0, x_t, s, "x0", "eps"), eps)
+    drawn = ours.sample_t(1000, generator=torch.Generator().manual_seed(0)) * 1000
+    assert torch.allclose(drawn, drawn.round()) and drawn.min() >= 1 and drawn.max() <= 1000
+    assert ours.precondition(torch.tensor([1.0]))[3].item() == 999.0
+
+
+def test_a_missing_diffusers_package_is_one_line_with_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from fastgen.utils.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "diffusers", None)
+    with pytest.raises(UsageError, match=r"pip install 'fastgen\[diffusers\]'"):
+        _net("flux")
+
+
+def _digits_config(method: str, family: str, tmp_path: Path, **net_kwargs):
+    """A digits recipe (``sft`` or ``dmd2``) with the tiny ``family`` network, 3 iterations, no W&B/validation."""
+    from fastgen.configs.config_utils import load_config
+
+    config = load_config(f"Digits/config_{method}_digits")
+    config.model.net = FAMILIES[family](num_prompts=10, **net_kwargs)
+    config.model.use_ema = method == "sft"
+    config.trainer.max_iter = 3
+    config.trainer.logging_iter = 1
+    config.trainer.save_ckpt_iter = 3
+    config.trainer.validation_iter = None
+    config.dataloader_val = None
+    config.dataloader_train.batch_size = 8
+    config.trainer.callbacks = DictConfig({k: v for k, v in config.trainer.callbacks.items() if k not in ("wandb", "ema")})
+    if method == "dmd2":
+        config.model.teacher_ckpt = None
+        config.model.student_update_freq = 2
+    config.log_config.name = f"{method}_{family}"
+    return config
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_sft_then_dmd2_train_on_digits(family: str, output_root: Path, tmp_path: Path) -> None:
+    """SFT trains the tiny network for 3 iterations (labels through the prompt bank, 10% label dropout); DMD2 then
+    distils it (its teacher from ``model.pretrained_model_path``: the SFT network saved as a diffusers folder)
+    with the GAN head on the fake score's middle block. Every trained network's weights move, and the teacher is
+    exactly the saved network."""
+    from fastgen.trainer import Trainer
+
+    sft = Trainer(_digits_config("sft", family, tmp_path)).run()
+    start = _net(family, num_prompts=10)
+    moved = [n for n, p in sft.net.backbone.model.named_parameters()
+             if not torch.equal(p, dict(start.backbone.model.named_parameters())[n])]
+    assert moved, "SFT changed no weight"
+    folder = tmp_path / "pipeline"
+    sft.net.backbone.model.save_pretrained(folder / sft.net.backbone.weights_subfolder)
+
+    config = _digits_config("dmd2", family, tmp_path)
+    config.model.pretrained_model_path = str(folder)
+    config.model.gan_loss_weight_gen = 1e-2
+    dmd2 = Trainer(config).run()
+    for name, p in dmd2.teacher.backbone.model.state_dict().items():
+        assert torch.equal(p, sft.net.backbone.model.state_dict()[name]), name
+    for name in ("net", "fake_score"):
+        trained = getattr(dmd2, name).backbone.model.state_dict()
+        assert any(not torch.equal(v, dmd2.teacher.backbone.model.state_dict()[k]) for k, v in trained.items()), name
+    assert (output_root / "fastgen" / "digits" / f"dmd2_{family}" / "checkpoints" / "0000003.pth").is_file()
+
+
+def test_text_embeddings_from_data_train_with_label_dropout() -> None:
+    """Per-sample text embeddings ``(B, T, D)`` (what the real recipes' shards hold) go straight to the network;
+    SFT's condition dropout zeroes whole samples' embeddings (the null condition), not single rows."""
+    from fastgen.configs.config_utils import load_config
+    from fastgen.methods.sft import SFTModel
+
+    config = load_config("Digits/config_sft_digits").model
+    config.net = sd_unet(TINY_SD_UNET)
+    config.condition_dropout = 0.5
+    torch.manual_seed(0)
+    model = SFTModel(config)
+    seen: list[torch.Tensor] = []
+    model.net.backbone.register_forward_pre_hook(lambda _m, _a, kw: seen.append(kw["condition"]), with_kwargs=True)
+    text = torch.randn(16, 5, 16) + 3.0
+    losses, _ = model.single_train_step({"real": torch.randn(16, 1, 8, 8), "condition": text}, 0)
+    losses["total_loss"].backward()
+    assert torch.isfinite(losses["total_loss"])
+    used = seen[0]
+    dropped = (used == 0).flatten(1).all(dim=1)
+    kept = (used == text).flatten(1).all(dim=1)
+    assert bool((dropped | kept).all()) and 0 < int(dropped.sum()) < 16
