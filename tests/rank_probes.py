@@ -186,3 +186,17 @@ class MarkerSeen(Callback):
             time.sleep(0.1)
         with self.path.open("a") as handle:
             handle.write(f"{saved} {marker.exists()}\n")
+
+
+class CompileStats(Callback):
+    """Each rank writes ``<prefix>.rank<r>.json`` at the end of training: how many graphs dynamo compiled in this
+    process (``unique_graphs``) - zero means every compiled block fell back to eager."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def on_train_end(self, model: Any, iteration: int = 0) -> None:
+        from torch._dynamo.utils import counters
+
+        record = {"unique_graphs": int(counters["stats"]["unique_graphs"])}
+        Path(f"{self.prefix}.rank{dist_utils.get_rank()}.json").write_text(json.dumps(record))

@@ -58,8 +58,12 @@ Fields that matter for scaling:
 * ``model.torch_compile_mode`` - ``torch.compile`` mode (``default``, ``reduce-overhead``, ``max-autotune``,
   ``max-autotune-no-cudagraphs``) for the trained networks, block by block (``fastgen.utils.parallelize.
   apply_compile``); ``None`` (the default): eager. Compilation happens at the first step (minutes for a large
-  network); a failure there stops the run with one line naming this field. Not yet with ``trainer.ddp`` /
-  ``trainer.fsdp`` (refused).
+  network); a failure there stops the run with one line naming this field. Composes with ``trainer.ddp`` /
+  ``trainer.fsdp``: blocks are compiled in place after ``replicate`` / ``fully_shard`` (2-rank compiled runs
+  match eager ones: ``tests/networks/test_compile.py``).
+* ``model.pretrained_model_path`` - the diffusers weights folder a diffusers-backed network
+  (``fastgen.configs.net_diffusers``) starts from: the trained network of SFT, the teacher of a distillation
+  (which the student copies). Refused for other networks and together with ``model.teacher_ckpt``.
 """
 
 from __future__ import annotations

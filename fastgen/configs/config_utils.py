@@ -454,9 +454,6 @@ def validate_config(config: BaseConfig) -> BaseConfig:
     if m.torch_compile_mode is not None and m.torch_compile_mode not in COMPILE_MODES:
         raise ConfigError(f"model.torch_compile_mode={m.torch_compile_mode!r}: expected null (eager) or one of "
                           f"{', '.join(COMPILE_MODES)}")
-    if m.torch_compile_mode is not None and (t.ddp or t.fsdp):
-        raise ConfigError("model.torch_compile_mode with trainer.ddp / trainer.fsdp is not supported yet: compile "
-                          "one-process runs, or leave it null")
     if m.precision_amp is not None and m.precision != "float32":
         raise ConfigError(f"model.precision_amp={m.precision_amp} computes in {m.precision_amp} from float32 weights: "
                           f"set model.precision=float32 (it is {m.precision})")
