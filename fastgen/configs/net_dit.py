@@ -25,12 +25,14 @@ from fastgen.configs.net import edm_schedule, flow_schedule
 
 def dit(input_size: int = 32, in_channels: int = 4, num_classes: int = 1000, hidden_size: int = 1152,
         depth: int = 28, num_heads: int = 16, patch_size: int = 2, mlp_ratio: float = 4.0,
-        schedule: DictConfig | None = None, use_r: bool = False) -> DictConfig:
-    """A DiT backbone with ``schedule`` (default: EDM, ``sigma_data = 0.5``; ``flow_schedule()`` makes it a SiT)."""
+        schedule: DictConfig | None = None, use_r: bool = False, text_dim: int = 0) -> DictConfig:
+    """A DiT backbone with ``schedule`` (default: EDM, ``sigma_data = 0.5``; ``flow_schedule()`` makes it a SiT);
+    ``text_dim > 0`` conditions it on text token embeddings of that width instead of class labels."""
     return LazyCall("fastgen.networks.diffusion_net.DiffusionNet")(
         backbone=LazyCall("fastgen.networks.dit.DiT")(
             input_size=input_size, patch_size=patch_size, in_channels=in_channels, hidden_size=hidden_size,
             depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, num_classes=num_classes, use_r=use_r,
+            text_dim=text_dim,
         ),
         noise_scheduler=schedule if schedule is not None else edm_schedule(sigma_data=0.5),
     )

@@ -21,7 +21,9 @@ classifier-free guidance (how the trainer's ``condition_dropout`` drops a label)
 embedding - DiT's ``(num_classes + 1)``-row table, Sec. 3.2 / App. B. ``feature_indices`` lists blocks whose
 output tokens are returned as a ``(B, hidden, H / p, W / p)`` map for the discriminator heads;
 ``return_logvar`` adds the EDM2 uncertainty ``u(sigma)`` (Karras et al. 2024, Eq. 21) of shape ``(B,)``.
-DiT's learned per-pixel variance (``learn_sigma``) is not built: no method here trains it.
+With ``text_dim > 0`` the condition is text instead: token embeddings ``(B, T, text_dim)`` (``TextEmbedder``,
+pooled into the conditioning vector as SD3 does; zeros are the null text). DiT's learned per-pixel variance
+(``learn_sigma``) is not built: no method here trains it.
 """
 
 from __future__ import annotations
@@ -88,6 +90,24 @@ class LabelEmbedder(nn.Module):
         else:
             label = as_one_hot(condition, self.num_classes).to(dtype)
         return self.table(label) + (1 - label.sum(dim=1, keepdim=True)) * self.null.to(dtype)
+
+
+class TextEmbedder(nn.Module):
+    """Text conditioning for DiT: token embeddings ``(B, T, text_dim)`` from a frozen text encoder, mean-pooled
+    over tokens and mapped by a 2-layer SiLU MLP into the conditioning vector - the pooled-text path SD3 adds to
+    its timestep embedding (Esser et al. 2024, Sec. 5.1 / Fig. 2a). The all-zero embedding (the null condition that
+    ``condition_dropout`` substitutes) maps to the MLP's learned constant, the unconditional embedding."""
+
+    def __init__(self, text_dim: int, hidden_size: int) -> None:
+        super().__init__()
+        self.text_dim = text_dim
+        self.mlp = nn.Sequential(nn.Linear(text_dim, hidden_size), nn.SiLU(), nn.Linear(hidden_size, hidden_size))
+
+    def forward(self, text: torch.Tensor | None, batch: int, dtype: torch.dtype) -> torch.Tensor:
+        weight = self.mlp[0].weight
+        pooled = (torch.zeros(batch, self.text_dim, device=weight.device, dtype=dtype) if text is None
+                  else text.to(dtype).mean(dim=1))
+        return self.mlp(pooled)
 
 
 class Attention(nn.Module):
@@ -157,6 +177,7 @@ class DiT(nn.Module):
         num_classes: int = 1000,
         noise_scale: float = 1000.0,
         use_r: bool = False,
+        text_dim: int = 0,
     ) -> None:
         super().__init__()
         if input_size % patch_size != 0:
@@ -171,7 +192,8 @@ class DiT(nn.Module):
         self.t_embedder = TimestepEmbedder(hidden_size, noise_scale=noise_scale)
         # MeanFlow's second time r (the interval start): its own embedder, summed into the conditioning vector.
         self.r_embedder = TimestepEmbedder(hidden_size, noise_scale=noise_scale) if use_r else None
-        self.y_embedder = LabelEmbedder(num_classes, hidden_size) if num_classes > 0 else None
+        self.y_embedder = LabelEmbedder(num_classes, hidden_size) if num_classes > 0 and text_dim <= 0 else None
+        self.text_embedder = TextEmbedder(text_dim, hidden_size) if text_dim > 0 else None
         self.blocks = nn.ModuleList(DiTBlock(hidden_size, num_heads, mlp_ratio) for _ in range(depth))
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
         # Uncertainty head u(sigma) (EDM2 Eq. 21): sinusoidal features of c_noise and one linear output.
@@ -194,7 +216,7 @@ class DiT(nn.Module):
         if self.y_embedder is not None:
             nn.init.normal_(self.y_embedder.table.weight, std=0.02)
             nn.init.normal_(self.y_embedder.null, std=0.02)
-        for embedder in (self.t_embedder, self.r_embedder):
+        for embedder in (self.t_embedder, self.r_embedder, self.text_embedder):
             if embedder is not None:
                 nn.init.normal_(embedder.mlp[0].weight, std=0.02)
                 nn.init.normal_(embedder.mlp[2].weight, std=0.02)
@@ -244,6 +266,12 @@ class DiT(nn.Module):
             c = c + self.r_embedder(c_noise if r_noise is None else r_noise)
         if self.y_embedder is not None:
             c = c + self.y_embedder(condition, x.shape[0], c.dtype)
+        if self.text_embedder is not None:
+            if condition is not None and condition.dim() != 3:
+                raise ValueError(f"this DiT is text-conditioned (text_dim={self.text_embedder.text_dim}): condition "
+                                 f"must be token embeddings (B, T, {self.text_embedder.text_dim}), got "
+                                 f"{tuple(condition.shape)}")
+            c = c + self.text_embedder(condition, x.shape[0], c.dtype)
         features: list[torch.Tensor] = []
         for i, block in enumerate(self.blocks):
             h = block(h, c)

@@ -259,3 +259,30 @@ def test_dit_on_digits_learns(output_root: Path, monkeypatch: pytest.MonkeyPatch
     after = evaluate_model(model, 300, seed=0, steps=8)["fd_digits"]
     assert before > 1.5 * FD_BOUND, before
     assert after < FD_BOUND, (before, after)
+
+
+def test_text_conditioning_pools_token_embeddings_and_zeros_are_the_null_text() -> None:
+    """``text_dim > 0``: the condition is ``(B, T, text_dim)`` token embeddings (no label table is built); two texts
+    give two outputs, ``None`` is the all-zero text, a label is a one-line error; an SFT step with label dropout on
+    text sends gradients into the text embedder."""
+    from fastgen.configs.config_utils import load_config
+    from fastgen.methods.sft import SFTModel
+
+    torch.manual_seed(0)
+    config = load_config("Digits/config_sft_dit_digits").model
+    config.net.backbone.text_dim = 12
+    config.condition_dropout = 0.5
+    model = SFTModel(config)
+    backbone = model.net.backbone
+    assert backbone.y_embedder is None and backbone.text_embedder is not None
+    _perturb(model.net)
+    x, t, _ = _inputs()
+    text = torch.randn(4, 5, 12)
+    out = model.net(x, t, condition=text)
+    assert not torch.allclose(out, model.net(x, t, condition=text.flip(0)), atol=1e-4)
+    assert torch.allclose(model.net(x, t, condition=None), model.net(x, t, condition=torch.zeros(4, 5, 12)), atol=1e-6)
+    with pytest.raises(ValueError, match="text-conditioned"):
+        model.net(x, t, condition=torch.arange(4))
+    losses, _ = model.single_train_step({"real": torch.randn(8, 1, 8, 8), "condition": torch.randn(8, 5, 12)}, 0)
+    losses["total_loss"].backward()
+    assert backbone.text_embedder.mlp[0].weight.grad.abs().sum() > 0

@@ -28,8 +28,10 @@ Hyper-parameters follow DMD2's pixel-space class-conditional recipe (ImageNet-64
 discriminator updates (two-time-scale rule, Sec. 4.2), GAN weights 3e-3 (generator) and 1e-2 (discriminator), no
 classifier-free guidance (EDM's conditional CIFAR-10 teacher is trained without label dropout). Batch 128 per
 rank; callbacks: gradient clipping, an EMA of the student (constant 0.999; W&B samples come from it) and W&B.
-The GPU memory and throughput of these defaults have not been measured in this project yet (no GPU was
-available); lower ``dataloader_train.batch_size`` if a GPU runs out of memory.
+Memory per rank, an **estimate** (``fastgen dryrun --config EDM/config_dmd2_fast`` with a CIFAR-10-shaped zip; no
+GPU was lent to this project, so neither memory nor throughput is measured): 2.06 GiB of state (three networks,
+the discriminator head, Adam) and a traced training peak of 23.2 GiB at batch 128 per rank (7.05 GiB at the
+``_small`` recipe's 32); lower ``dataloader_train.batch_size`` if a GPU runs out of memory.
 
 ``create_config()`` touches no file, so ``fastgen dryrun`` works before the data or the teacher exist.
 """
