@@ -108,7 +108,8 @@ class DiffusersBackbone(nn.Module):
         that shape, loaded with ``weights_only=True``; not read in a meta-device build, so ``fastgen dryrun``
         works before it exists) or, without a path, drawn once from N(0, 1) with seed 0 - a fixed stand-in for
         encoded prompts in tests and tiny recipes. It is a buffer in the state dict, so checkpoints carry it."""
-        if path and torch.empty(0).device.type == "meta":  # a meta-device build (dryrun, meta init): shape only
+        if num_prompts > 0 and torch.empty(0).device.type == "meta":
+            # a meta-device build (dryrun, model.meta_init): the shape only; rank 0's real build is broadcast into it
             return torch.empty(num_prompts, tokens, self.text_dim)
         if path:
             file = os.path.expanduser(path)

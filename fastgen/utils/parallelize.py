@@ -74,7 +74,8 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
     """``model.activation_checkpointing``: every shard unit of every *trained* network keeps only its input during
     forward and recomputes its activations in backward (Chen et al. 2016, "Training Deep Nets with Sublinear
     Memory Cost", Sec. 3: memory for the stored activations drops from the sum over blocks to the block inputs
-    plus one block's activations, for about one extra forward pass of compute).
+    plus one block's activations, for about one extra forward pass of compute). Discriminator heads are not
+    checkpointed.
 
     torch's composable ``checkpoint`` (non-reentrant, random state preserved, so a recomputed dropout draws what
     the forward drew) hooks the module in place: parameter names and state-dict keys do not change, so
@@ -88,6 +89,10 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
 
     count = 0
     for name, network in getattr(model, "trainable_modules", {}).items():
+        if not hasattr(network, "backbone"):
+            # a discriminator: its heads are one small conv each, nothing worth recomputing - and a head called on
+            # generated and on real features before one backward recomputed the wrong call's shapes (DMD2 + GAN)
+            continue
         units = shard_units(network)
         if not units:
             from fastgen.utils.errors import ConfigError

@@ -31,3 +31,53 @@ def test_a_real_model_recipe_names_its_missing_weights_then_its_missing_prompts(
     assert result.returncode == 2 and len(errors) == 1, result.stderr[-2000:]
     assert "prompt_embeddings" in errors[0] and f"{name}_prompts.safetensors" in errors[0], errors
     assert not (output_root / "fastgen").exists()
+
+
+TINY_FLUX_RECIPE = '''
+from fastgen.configs.experiments.Digits.config_dmd2_digits import create_config as dmd2_digits
+from fastgen.configs.net_diffusers import TINY_FLUX, flux_transformer
+
+
+def create_config():
+    config = dmd2_digits()
+    config.model.net = flux_transformer(TINY_FLUX, num_prompts=10)
+    config.model.teacher_ckpt = None
+    config.model.pretrained_model_path = {folder!r}
+    config.model.gan_loss_weight_gen = 1e-2
+    config.trainer.callbacks = {{}}
+    config.dataloader_val = None
+    config.log_config.name = "tiny_flux"
+    return config
+'''
+
+
+@pytest.mark.slow
+def test_two_ranks_distil_a_tiny_flux_from_its_weights_folder_sharded_after_a_meta_build(output_root: Path,
+                                                                                         tmp_path: Path) -> None:
+    """What the real recipes do, at toy size: 2 ranks, FSDP2 over the Flux blocks, a meta-device build (rank 0
+    reads the diffusers folder and broadcasts), activation checkpointing, DMD2 with the GAN head. The teacher in
+    the final checkpoint is exactly the folder's weights."""
+    import torch
+    from multirank import fastgen
+    from safetensors.torch import load_file
+
+    from fastgen.configs.instantiate import instantiate
+    from fastgen.configs.net_diffusers import TINY_FLUX, flux_transformer
+    from fastgen.utils.checkpointer import load_checkpoint
+
+    torch.manual_seed(3)
+    source = instantiate(flux_transformer(TINY_FLUX)).backbone.model
+    source.save_pretrained(tmp_path / "pipeline" / "transformer")
+    recipe = tmp_path / "tiny_flux.py"
+    recipe.write_text(TINY_FLUX_RECIPE.format(folder=str(tmp_path / "pipeline")))
+    result = fastgen("train", "--nproc-per-node", "2", "-c", str(recipe), "--eval-samples", "0", "-",
+                     "trainer.fsdp=True", "model.meta_init=True", "model.activation_checkpointing=True",
+                     "trainer.max_iter=4", "trainer.save_ckpt_iter=4", "dataloader_train.batch_size=8",
+                     "model.student_update_freq=2", cwd=tmp_path, env={"WANDB_MODE": "disabled"}, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = load_file(str(tmp_path / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors"))
+    modules = load_checkpoint(str(output_root / "fastgen" / "digits" / "tiny_flux" / "checkpoints" / "0000004.pth"))["model"]
+    teacher = {k.removeprefix("backbone.model."): v for k, v in modules["teacher"].items() if k.startswith("backbone.model.")}
+    assert teacher.keys() == saved.keys()
+    assert all(torch.equal(teacher[k], saved[k]) for k in saved)
+    assert any(not torch.equal(v, modules["teacher"][k]) for k, v in modules["net"].items())
