@@ -21,6 +21,7 @@ from fastgen.cli import check_ranks as check_ranks_cmd  # noqa: E402
 from fastgen.cli import convert_ckpt as convert_ckpt_cmd  # noqa: E402
 from fastgen.cli import download_data as download_data_cmd  # noqa: E402
 from fastgen.cli import dryrun as dryrun_cmd  # noqa: E402
+from fastgen.cli import ema as ema_cmd  # noqa: E402
 from fastgen.cli import env as env_cmd  # noqa: E402
 from fastgen.cli import eval as eval_cmd  # noqa: E402
 from fastgen.cli import init as init_cmd  # noqa: E402
@@ -63,6 +64,7 @@ sample_cmd.register(app)
 eval_cmd.register(app)
 check_ranks_cmd.register(app)
 convert_ckpt_cmd.register(app)
+ema_cmd.register(app)
 download_data_cmd.register(app)
 
 

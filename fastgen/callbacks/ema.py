@@ -274,12 +274,15 @@ class EMACallback(Callback):
     ``type``/``beta``/``gamma``/``halflife_kimg``/``rampup_ratio`` pick the schedule, ``start_iter`` the step up to
     which the EMA copies the network, ``flat`` the flat-buffer layout (see the module docstring). The power EMA's
     width is ``gamma`` (default 6.94, ``sigma_rel ~ 0.10``) or ``sigma_rel`` (EDM2's parameter), not both.
+    ``snapshot_iter`` (power EMAs): every that many network updates, write the EMA to ``RUN/ema_snapshots/`` so
+    that ``fastgen ema RUN --sigma-rel S`` can reconstruct an EMA of any width afterwards (EDM2's post-hoc EMA,
+    ``fastgen.utils.posthoc_ema``; the preset ``POSTHOC_EMA_CALLBACKS`` keeps EDM2's pair, 0.05 and 0.10).
     """
 
     def __init__(self, ema_name: str = "ema", type: Literal["constant", "power", "halflife"] = "constant",  # noqa: A002
                  beta: float = 0.999, gamma: float | None = None, halflife_kimg: float = 500.0,
                  rampup_ratio: float | None = 0.05, start_iter: int = 0, flat: bool = True,
-                 sigma_rel: float | None = None) -> None:
+                 sigma_rel: float | None = None, snapshot_iter: int | None = None) -> None:
         if sigma_rel is not None:
             if gamma is not None:
                 raise ConfigError(f"EMACallback: set gamma ({gamma}) or sigma_rel ({sigma_rel}), not both - they "
@@ -291,6 +294,10 @@ class EMACallback(Callback):
         elif gamma is None:
             gamma = DEFAULT_GAMMA
         ema_beta(type, 1, beta=beta, gamma=gamma, halflife_kimg=halflife_kimg, rampup_ratio=rampup_ratio)
+        if snapshot_iter is not None and (type != "power" or int(snapshot_iter) < 1):
+            raise ConfigError(f"EMACallback: snapshot_iter={snapshot_iter} needs type='power' and a positive "
+                              "interval (snapshots are for post-hoc EMA, fastgen.utils.posthoc_ema)")
+        self.snapshot_iter = None if snapshot_iter is None else int(snapshot_iter)
         self.ema_name = ema_name
         self.kind = type
         self.beta, self.gamma, self.sigma_rel = beta, float(gamma), sigma_rel
@@ -366,6 +373,20 @@ class EMACallback(Callback):
         self.update(model, beta)
         self.last_beta = beta
         trainer.log_scalar(f"ema/{self.ema_name}_beta", beta)
+        t = self.num_updates - self.updates_at_start
+        if self.snapshot_iter is not None and iteration > self.start_iter and t % self.snapshot_iter == 0:
+            self.save_snapshot(model, t)
+
+    def save_snapshot(self, model: Any, t: int) -> None:
+        """Write this EMA's weights at schedule time ``t`` to ``RUN/ema_snapshots/`` for post-hoc reconstruction
+        (``fastgen ema``). Gathered from every rank's shards under FSDP2 (a collective), written by rank 0."""
+        from fastgen.utils import distributed as dist_utils
+        from fastgen.utils.parallelize import full_state_dict
+        from fastgen.utils.posthoc_ema import save_snapshot, snapshot_path
+
+        state = full_state_dict(model.ema_nets[self.ema_name])
+        if dist_utils.is_rank0():
+            save_snapshot(snapshot_path(self.trainer.run_dir, self.ema_name, t), state, t, self.gamma)
 
     def on_load_checkpoint_end(self, model: Any, iteration: int = 0, checkpoint_path: str | None = None) -> None:
         if self._loaded_counts is None and iteration > 0:

@@ -23,6 +23,13 @@ EMA_POWER_CALLBACK: dict[str, DictConfig] = {
 EMA_HALFLIFE_CALLBACK: dict[str, DictConfig] = {
     "ema": LazyCall("fastgen.callbacks.ema.EMACallback")(ema_name="ema", type="halflife", halflife_kimg=500.0, rampup_ratio=0.05),
 }
+# EDM2's post-hoc EMA pair (Karras et al. 2024, Sec. 3.2): power EMAs of sigma_rel 0.05 and 0.10 that write
+# snapshots every 500 network updates; set model.use_ema=[ema_005, ema_010] and reconstruct any width afterwards
+# with `fastgen ema RUN --sigma-rel S` (fastgen.utils.posthoc_ema).
+POSTHOC_EMA_CALLBACKS: dict[str, DictConfig] = {
+    name: LazyCall("fastgen.callbacks.ema.EMACallback")(ema_name=name, type="power", sigma_rel=sigma, snapshot_iter=500)
+    for name, sigma in (("ema_005", 0.05), ("ema_010", 0.10))
+}
 GradClip_CALLBACK: dict[str, DictConfig] = {
     "grad_clip": LazyCall("fastgen.callbacks.grad_clip.GradClipCallback")(grad_norm=1.0, max_consecutive_nonfinite=20),
 }

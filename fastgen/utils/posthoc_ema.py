@@ -1,0 +1,124 @@
+"""Post-hoc EMA (Karras et al. 2024, "Analyzing and Improving the Training Dynamics of Diffusion Models", Sec. 3
+and App. C.2): choose the EMA length *after* training instead of retraining for each one.
+
+During training, ``EMACallback(type="power", snapshot_iter=N)`` writes its power-function EMA every ``N`` network
+updates to ``RUN/ema_snapshots/<ema_name>-<t>.pt`` (``t``: the EMA schedule's update count, ``gamma``: its
+exponent). Two such EMAs of different widths (EDM2: ``sigma_rel`` 0.05 and 0.10) are enough. The power EMA with
+exponent ``gamma`` at time ``t`` averages the network's past weights with the profile
+``p_{gamma,t}(tau) = (gamma + 1) tau^gamma / t^(gamma + 1)`` on ``0 <= tau <= t`` (App. C.1, Eq. 3's
+continuous form). A snapshot is a known average; a linear combination of snapshots averages with the same
+combination of their profiles. So the EMA of any other width ``gamma_r`` at time ``t_r`` is approximated by the
+weights ``x`` that bring ``sum_i x_i p_i`` closest to ``p_r`` in L2 (App. C.2, Eq. 15-16): ``A x = b`` with
+``A_ij = <p_i, p_j>`` and ``b_i = <p_i, p_r>``, where (App. C.2, Eq. 17)
+
+    <p_{g_a,t_a}, p_{g_b,t_b}> = (g_a + 1)(g_b + 1) min(t_a, t_b)^(g_a + g_b + 1) / ((g_a + g_b + 1) t_a^(g_a+1) t_b^(g_b+1)).
+
+``fastgen ema RUN --sigma-rel S`` runs this solve and writes the combined weights. ``relative_profile_error``
+reports how well the target profile is matched (0 is exact), so a user sees when the snapshots are too sparse.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastgen.utils.errors import UsageError
+
+SNAPSHOT_DIR = "ema_snapshots"
+_NAME = re.compile(r"^(?P<name>.+)-(?P<t>\d+)\.pt$")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    path: Path
+    ema_name: str
+    t: int  # the EMA's update count when it was written
+    gamma: float
+
+
+def profile_dot(t_a: float, gamma_a: float, t_b: float, gamma_b: float) -> float:
+    """``<p_{gamma_a,t_a}, p_{gamma_b,t_b}>``, the L2 inner product of two power-function EMA profiles (EDM2 App.
+    C.2, Eq. 17; computed in a ratio form that does not overflow for large ``t`` and ``gamma``)."""
+    # min(t_a,t_b)^(g_a+g_b+1) / (t_a^(g_a+1) t_b^(g_b+1)) = (t_early / t_late)^(g_late) / t_late
+    (t_early, _), (t_late, g_late) = sorted([(t_a, gamma_a), (t_b, gamma_b)], key=lambda pair: pair[0])
+    return (gamma_a + 1.0) * (gamma_b + 1.0) / (gamma_a + gamma_b + 1.0) * (t_early / t_late) ** g_late / t_late
+
+
+def solve_weights(snapshots: list[tuple[float, float]], t_r: float, gamma_r: float) -> tuple[np.ndarray, float]:
+    """The least-squares weights of ``snapshots`` (``(t, gamma)`` pairs) for the profile ``(t_r, gamma_r)``, and the
+    relative L2 error of the combined profile, ``||sum x_i p_i - p_r|| / ||p_r||``."""
+    a = np.array([[profile_dot(ti, gi, tj, gj) for tj, gj in snapshots] for ti, gi in snapshots], dtype=np.float64)
+    b = np.array([profile_dot(ti, gi, t_r, gamma_r) for ti, gi in snapshots], dtype=np.float64)
+    x = np.linalg.lstsq(a, b, rcond=None)[0]
+    target = profile_dot(t_r, gamma_r, t_r, gamma_r)
+    residual = max(target - 2.0 * float(x @ b) + float(x @ a @ x), 0.0)
+    return x, math.sqrt(residual / target)
+
+
+def snapshot_path(run_dir: str | Path, ema_name: str, t: int) -> Path:
+    return Path(run_dir) / SNAPSHOT_DIR / f"{ema_name}-{t:09d}.pt"
+
+
+def save_snapshot(path: Path, state: dict[str, torch.Tensor], t: int, gamma: float) -> None:
+    """One snapshot file, written atomically (a crash leaves the previous snapshots and no partial file)."""
+    from fastgen.utils.io import atomic_open
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"t": int(t), "gamma": float(gamma), "state": {k: v.detach().cpu().clone() for k, v in state.items()}}
+    with atomic_open(path) as handle:
+        torch.save(payload, handle)
+
+
+def list_snapshots(source: str | Path) -> list[Snapshot]:
+    """The snapshots of a run directory (its ``ema_snapshots/``) or of a snapshot folder, oldest first."""
+    root = Path(source)
+    folder = root / SNAPSHOT_DIR if (root / SNAPSHOT_DIR).is_dir() else root
+    if not folder.is_dir():
+        raise UsageError(f"{source} is neither a run directory with {SNAPSHOT_DIR}/ nor a snapshot folder")
+    found = []
+    for path in sorted(folder.glob("*.pt")):
+        match = _NAME.match(path.name)
+        if match is None:
+            continue
+        header = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        found.append(Snapshot(path, match["name"], int(header["t"]), float(header["gamma"])))
+    if not found:
+        raise UsageError(f"no EMA snapshots in {folder}: train with a power EMACallback that sets snapshot_iter "
+                         "(see fastgen.utils.posthoc_ema)")
+    return sorted(found, key=lambda s: (s.t, s.ema_name))
+
+
+def reconstruct(source: str | Path, sigma_rel: float, at: int | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The EMA of width ``sigma_rel`` at update ``at`` (default: the newest snapshot's), combined from every
+    snapshot written up to then; returns its state dict and what was used (weights, error)."""
+    from fastgen.callbacks.ema import gamma_from_sigma_rel
+
+    gamma_r = gamma_from_sigma_rel(float(sigma_rel))
+    snapshots = list_snapshots(source)
+    t_r = snapshots[-1].t if at is None else int(at)
+    used = [s for s in snapshots if s.t <= t_r]
+    if not used or t_r <= 0:
+        raise UsageError(f"no snapshot was written at or before update {t_r} (the first is at {snapshots[0].t})")
+    x, error = solve_weights([(float(s.t), s.gamma) for s in used], float(t_r), gamma_r)
+    combined: dict[str, torch.Tensor] = {}
+    for weight, snap in zip(x, used):
+        state = torch.load(snap.path, map_location="cpu", weights_only=True)["state"]
+        if combined and state.keys() != combined.keys():
+            raise UsageError(f"{snap.path} holds other tensors than the snapshots before it: one run's snapshots only")
+        for key, value in state.items():
+            if not value.is_floating_point():
+                combined[key] = value  # integer buffers (counters) are not averaged: the newest wins
+                continue
+            term = value.double() * float(weight)
+            combined[key] = term if key not in combined else combined[key] + term
+    dtypes = torch.load(used[-1].path, map_location="cpu", weights_only=True)["state"]
+    state = {k: v.to(dtypes[k].dtype) for k, v in combined.items()}
+    info = {"sigma_rel": float(sigma_rel), "gamma": gamma_r, "t": t_r, "relative_profile_error": error,
+            "snapshots": [{"file": s.path.name, "t": s.t, "gamma": s.gamma, "weight": float(w)} for s, w in zip(used, x)]}
+    return state, info
