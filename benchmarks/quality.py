@@ -4,7 +4,8 @@ For each digits recipe it trains the recipe from scratch (``fastgen train --conf
 wall time measured around the whole command, single process), then scores 5,000 samples of the student with
 ``fastgen.evaluation`` (Frechet distance in the shipped digits classifier's feature space, and that classifier's
 accuracy on the conditioning labels) and counts the student's network evaluations per sample. The shipped
-teacher is scored once with 18 Heun steps (35 evaluations). Prints a markdown table; ``--write`` also writes it
+teacher is scored once with 18 Heun steps (35 evaluations), and at 1-13 steps: the column "teacher evaluations at
+equal FD" is the fewest evaluations at which the teacher is as good as the student (what the student saves). Prints a markdown table; ``--write`` also writes it
 into docs/experiments/digits-quality.md between the ``quality-table`` markers.
 
     .venv/bin/python benchmarks/quality.py                       # every method (~37 min on 2 CPU cores)
@@ -59,6 +60,31 @@ def score(run_dir: Path, n: int, teacher: bool = False) -> dict:
     return metrics
 
 
+TEACHER_STEPS = [1, 2, 3, 4, 5, 6, 8, 10, 13, 18]  # Heun steps: 2 s - 1 network evaluations per sample
+
+
+def teacher_curve(run_dir: Path, n: int) -> list[tuple[int, float]]:
+    """The teacher's FD at each of ``TEACHER_STEPS`` (``(evaluations, fd)``, same samples count and seed)."""
+    from fastgen.evaluation.evaluate import evaluate_model
+    from fastgen.evaluation.sampling import load_run
+
+    model = load_run(run_dir).model
+    curve = []
+    for steps in TEACHER_STEPS:
+        metrics = evaluate_model(model, n, seed=0, steps=steps, net=model.teacher, dataset="digits")
+        curve.append((2 * steps - 1, metrics["fd_digits"]))
+        print(f"teacher {steps} Heun steps ({2 * steps - 1} evaluations): FD {metrics['fd_digits']:.3f}", flush=True)
+    return curve
+
+
+def evaluations_at_equal_quality(curve: list[tuple[int, float]], fd: float) -> str:
+    """The fewest teacher evaluations per sample whose FD is at most the student's ``fd`` ("> N" if none)."""
+    for evaluations, teacher_fd in curve:
+        if teacher_fd <= fd:
+            return str(evaluations)
+    return f"> {curve[-1][0]}"
+
+
 def train(method: str, root: Path, extra: list[str]) -> tuple[Path, float]:
     recipe = f"Digits/config_{method}_digits"
     env = {**os.environ, "FASTGEN_OUTPUT_ROOT": str(root), "WANDB_MODE": "disabled", "FASTGEN_NO_PROGRESS": "1"}
@@ -83,6 +109,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     teacher_row = None
+    curve: list[tuple[int, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for method in args.methods:
             run_dir, wall = train(method, Path(tmp), args.override)
@@ -93,19 +120,24 @@ def main() -> None:
                 try:
                     teacher_row = score(run_dir, args.samples, teacher=True)
                     print(f"teacher: {json.dumps(teacher_row)}", flush=True)
+                    curve = teacher_curve(run_dir, args.samples)
                 except AttributeError:
                     pass
-    lines = [f"| method | network evaluations | FD (digits) | accuracy | train wall time |", "|---|---:|---:|---:|---:|"]
+    lines = ["| method | network evaluations | teacher evaluations at equal FD | FD (digits) | accuracy | train wall time |",
+             "|---|---:|---:|---:|---:|---:|"]
     if teacher_row is not None:
-        lines.append(f"| teacher (Heun, 18 steps) | {teacher_row['evaluations']} | {teacher_row['fd_digits']:.3f} | "
+        lines.append(f"| teacher (Heun, 18 steps) | {teacher_row['evaluations']} | - | {teacher_row['fd_digits']:.3f} | "
                      f"{teacher_row['accuracy']:.3f} | shipped |")
     for method, wall, m in rows:
-        lines.append(f"| {method} | {m['evaluations']} | {m['fd_digits']:.3f} | {m['accuracy']:.3f} | {wall:.0f} s |")
+        equal = evaluations_at_equal_quality(curve, m["fd_digits"]) if curve else "-"
+        lines.append(f"| {method} | {m['evaluations']} | {equal} | {m['fd_digits']:.3f} | {m['accuracy']:.3f} | "
+                     f"{wall:.0f} s |")
     table = "\n".join(lines)
     print(table)
     print(f"torch {torch.__version__}, {args.samples} samples, threads {torch.get_num_threads()}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": [(m, w, x) for m, w, x in rows], "teacher": teacher_row}, indent=2))
+        Path(args.json).write_text(json.dumps({"rows": [(m, w, x) for m, w, x in rows], "teacher": teacher_row,
+                                               "teacher_curve": curve}, indent=2))
     if args.write:
         report = ROOT / "docs" / "experiments" / "digits-quality.md"
         text = report.read_text()
