@@ -50,6 +50,8 @@ def score(run_dir: Path, n: int, teacher: bool = False) -> dict:
 
     run = load_run(run_dir)
     model = run.model
+    if teacher and getattr(model, "teacher", None) is None:
+        raise AttributeError("this run keeps no teacher (e.g. consistency training)")
     net = model.teacher if teacher else model.sampling_net()
     steps = model.config.sample_steps if teacher else None
     metrics = evaluate_model(model, n, seed=0, steps=steps, net=net, dataset="digits")

@@ -116,7 +116,12 @@ def test_the_ratio_follows_ct_schedule_callback() -> None:
 def test_recipes_build(recipe: str) -> None:
     config = load_config(recipe)
     model = instantiate(config.model_class, config=config.model)
-    assert model.teacher is None and "ct_schedule" in config.trainer.callbacks
+    assert "ct_schedule" in config.trainer.callbacks
+    if recipe.startswith("Digits"):  # consistency distillation from the shipped teacher, sampled from an EMA
+        assert config.model.mode == "cd" and model.teacher is not None and list(model.ema_nets) == ["ema"]
+        assert list(config.trainer.callbacks)[-1] == "wandb"  # the EMA updates before samples are logged
+    else:
+        assert model.teacher is None
     noise = torch.randn(4, *config.model.input_shape)
     labels = torch.arange(4) if config.model.num_classes else None
     assert model.generator_fn(model.net, noise, None, labels).shape == noise.shape

@@ -4,19 +4,19 @@
     fastgen train --config Digits/config_tcm_digits - log_config.name=tcm_stage2 model.tcm_stage=2 \\
         model.stage1_ckpt=FASTGEN_OUTPUT/fastgen/digits/tcm_stage1/checkpoints/0001000.pth
 
-Stage 1 is ECT-style consistency training from the shipped digits teacher (as ``Digits/config_cm_digits``); stage
+Stage 1 is ECT-style consistency training from the shipped digits teacher (``config_cm_digits.ect_setting``); stage
 2 retrains on ``sigma in [t', 80]`` with ``t' = 1`` and the frozen stage-1 model as the boundary.
 """
 
 from __future__ import annotations
 
 from fastgen.configs.config import BaseConfig
-from fastgen.configs.experiments.Digits.config_cm_digits import create_config as cm_digits_config
+from fastgen.configs.experiments.Digits.config_cm_digits import ect_setting
 from fastgen.configs.methods.config_tcm import TCMModelConfig, _tcm_class
 
 
 def create_config() -> BaseConfig:
-    config = cm_digits_config()
+    config = ect_setting()
     model = TCMModelConfig()
     for field in ("net", "teacher_ckpt", "input_shape", "num_classes", "sample_steps", "mode", "t_mean", "t_std",
                   "net_optimizer"):
