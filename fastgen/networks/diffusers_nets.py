@@ -93,14 +93,16 @@ class DiffusersBackbone(nn.Module):
 
     model_class: str = ""
     weights_subfolder: str = ""
+    text_dim_key: str = ""  # the config entry with the width of the text embeddings the model attends to
+    bank_extra_tokens: int = 0  # rows a prompt of the bank holds beyond its tokens (Flux: the pooled row)
 
-    def __init__(self, config: dict[str, Any], text_dim: int, prompt_embeddings: str | None = None,
-                 num_prompts: int = 0, prompt_tokens: int = 1) -> None:
+    def __init__(self, config: dict[str, Any], prompt_embeddings: str | None = None, num_prompts: int = 0,
+                 prompt_tokens: int = 1) -> None:
         super().__init__()
         diffusers = import_diffusers()
         self.model = getattr(diffusers, self.model_class).from_config(dict(config))
-        self.text_dim = int(text_dim)
-        bank = self._prompt_bank(prompt_embeddings, num_prompts, prompt_tokens)
+        self.text_dim = int(config[self.text_dim_key])
+        bank = self._prompt_bank(prompt_embeddings, num_prompts, prompt_tokens + self.bank_extra_tokens)
         self.register_buffer("prompt_bank", bank if bank is not None else torch.zeros(0, 1, self.text_dim))
 
     def _prompt_bank(self, path: str | None, num_prompts: int, tokens: int) -> torch.Tensor | None:
@@ -215,10 +217,7 @@ class SDUNet(DiffusersBackbone):
 
     model_class = "UNet2DConditionModel"
     weights_subfolder = "unet"
-
-    def __init__(self, config: dict[str, Any], prompt_embeddings: str | None = None, num_prompts: int = 0,
-                 prompt_tokens: int = 1) -> None:
-        super().__init__(config, int(config["cross_attention_dim"]), prompt_embeddings, num_prompts, prompt_tokens)
+    text_dim_key = "cross_attention_dim"
 
     def shard_units(self) -> list[nn.Module]:
         return [*self.model.down_blocks, self.model.mid_block, *self.model.up_blocks]
@@ -238,11 +237,12 @@ class FluxTransformer(DiffusersBackbone):
 
     model_class = "FluxTransformer2DModel"
     weights_subfolder = "transformer"
+    text_dim_key = "joint_attention_dim"
+    bank_extra_tokens = 1  # the bank's rows are in the packed layout: row 0 is the pooled vector
 
     def __init__(self, config: dict[str, Any], guidance: float = 3.5, prompt_embeddings: str | None = None,
                  num_prompts: int = 0, prompt_tokens: int = 1) -> None:
-        # the bank's rows are in the packed layout (row 0 pooled), so a prompt needs one extra token
-        super().__init__(config, int(config["joint_attention_dim"]), prompt_embeddings, num_prompts, prompt_tokens + 1)
+        super().__init__(config, prompt_embeddings, num_prompts, prompt_tokens)
         self.pooled_dim = int(config.get("pooled_projection_dim", 768))
         self.guidance = float(guidance)
 
@@ -290,10 +290,7 @@ class WanTransformer(DiffusersBackbone):
 
     model_class = "WanTransformer3DModel"
     weights_subfolder = "transformer"
-
-    def __init__(self, config: dict[str, Any], prompt_embeddings: str | None = None, num_prompts: int = 0,
-                 prompt_tokens: int = 1) -> None:
-        super().__init__(config, int(config["text_dim"]), prompt_embeddings, num_prompts, prompt_tokens)
+    text_dim_key = "text_dim"
 
     def shard_units(self) -> list[nn.Module]:
         return list(self.model.blocks)

@@ -269,7 +269,7 @@ class DiscreteVPScheduler(NoiseScheduler):
 
     def d_sigma(self, t: torch.Tensor) -> torch.Tensor:
         log_abar, slope = self._log_abar_and_slope(t)
-        return -0.5 * slope * log_abar.exp() / self.sigma(t)
+        return -0.5 * slope * log_abar.exp() / (-torch.expm1(log_abar)).clamp(min=0).sqrt()
 
     def sample_t(self, n: int, device: torch.device | str = "cpu", generator: RandomSource = None) -> torch.Tensor:
         # a standard normal through its CDF is uniform on (0, 1): the keyed streams provide normals

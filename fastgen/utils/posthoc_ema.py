@@ -107,8 +107,10 @@ def reconstruct(source: str | Path, sigma_rel: float, at: int | None = None) -> 
         raise UsageError(f"no snapshot was written at or before update {t_r} (the first is at {snapshots[0].t})")
     x, error = solve_weights([(float(s.t), s.gamma) for s in used], float(t_r), gamma_r)
     combined: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
     for weight, snap in zip(x, used):
         state = torch.load(snap.path, map_location="cpu", weights_only=True)["state"]
+        dtypes = {key: value.dtype for key, value in state.items()}  # the newest snapshot's dtypes are written
         if combined and state.keys() != combined.keys():
             raise UsageError(f"{snap.path} holds other tensors than the snapshots before it: one run's snapshots only")
         for key, value in state.items():
@@ -117,8 +119,7 @@ def reconstruct(source: str | Path, sigma_rel: float, at: int | None = None) -> 
                 continue
             term = value.double() * float(weight)
             combined[key] = term if key not in combined else combined[key] + term
-    dtypes = torch.load(used[-1].path, map_location="cpu", weights_only=True)["state"]
-    state = {k: v.to(dtypes[k].dtype) for k, v in combined.items()}
+    state = {k: v.to(dtypes[k]) for k, v in combined.items()}
     info = {"sigma_rel": float(sigma_rel), "gamma": gamma_r, "t": t_r, "relative_profile_error": error,
             "snapshots": [{"file": s.path.name, "t": s.t, "gamma": s.gamma, "weight": float(w)} for s, w in zip(used, x)]}
     return state, info
