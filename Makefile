@@ -21,7 +21,7 @@ run: setup
 	$(BIN)/fastgen train
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

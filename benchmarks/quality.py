@@ -108,6 +108,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="write the table into docs/experiments/digits-quality.md")
     parser.add_argument("--json", default=None)
     parser.add_argument("--override", nargs="*", default=[], help="overrides applied to every recipe")
+    parser.add_argument("--skip-teacher", action="store_true", help="score the students only (no teacher rows)")
     args = parser.parse_args()
     rows = []
     teacher_row = None
@@ -118,7 +119,7 @@ def main() -> None:
             metrics = score(run_dir, args.samples)
             rows.append((method, wall, metrics))
             print(f"{method}: {json.dumps(metrics)}  wall {wall:.0f} s", flush=True)
-            if teacher_row is None and method != "sft":
+            if teacher_row is None and method != "sft" and not args.skip_teacher:
                 try:
                     teacher_row = score(run_dir, args.samples, teacher=True)
                     print(f"teacher: {json.dumps(teacher_row)}", flush=True)
