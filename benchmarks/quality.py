@@ -44,12 +44,20 @@ def count_evaluations(model, net) -> int:  # noqa: ANN001
     return len(calls)
 
 
-def score(run_dir: Path, n: int, teacher: bool = False) -> dict:
+# Two-step sampling times of the methods that define them (network time; CM's two steps, Song et al. 2023, Sec. 6;
+# sCM's intermediate TrigFlow time 1.1, Lu & Song 2024, Sec. 5, is sigma = 0.5 tan(1.1) = 0.98; MeanFlow's uniform
+# steps, Geng et al. 2025, Sec. 5). Training does not read t_list for these methods, so the 1-step run is scored again.
+TWO_STEP = {"cm": [80.0, 0.8], "scm": [80.0, 0.98], "tcm": [80.0, 0.8], "meanflow": [1.0, 0.5]}
+
+
+def score(run_dir: Path, n: int, teacher: bool = False, t_list: list[float] | None = None) -> dict:
     from fastgen.evaluation.evaluate import evaluate_model
     from fastgen.evaluation.sampling import load_run
 
     run = load_run(run_dir)
     model = run.model
+    if t_list is not None:
+        model.config.t_list = list(t_list)
     if teacher and getattr(model, "teacher", None) is None:
         raise AttributeError("this run keeps no teacher (e.g. consistency training)")
     net = model.teacher if teacher else model.sampling_net()
@@ -119,6 +127,10 @@ def main() -> None:
             metrics = score(run_dir, args.samples)
             rows.append((method, wall, metrics))
             print(f"{method}: {json.dumps(metrics)}  wall {wall:.0f} s", flush=True)
+            if method in TWO_STEP:
+                two = score(run_dir, args.samples, t_list=TWO_STEP[method])
+                rows.append((f"{method}, 2 steps", wall, two))
+                print(f"{method}, 2 steps: {json.dumps(two)}", flush=True)
             if teacher_row is None and method != "sft" and not args.skip_teacher:
                 try:
                     teacher_row = score(run_dir, args.samples, teacher=True)

@@ -15,7 +15,11 @@ Optionally ``distill_loss_weight > 0`` adds a regression of the 1-step output on
 estimate of the same noised sample (0, the default, is pure LADD; at high noise that estimate is close to the data
 mean, so a large weight pulls samples together). Logged keys: ``total_loss``; student
 iterations ``gan_gen_loss`` (and ``distill_loss``); discriminator iterations ``gan_disc_loss``,
-``d_real_logit``, ``d_fake_logit``.
+``d_real_logit``, ``d_fake_logit`` (and ``r1_loss``).
+
+``r1_weight > 0`` adds the R1 penalty ``gamma/2 E||grad_x D(real_t)||^2`` (Mescheder et al. 2018, Eq. 9) to
+``L_D``, estimated by finite differences ``gamma/2 E[(D(real_t + s eps) - D(real_t))^2] / s^2`` (``s =
+r1_fd_sigma``), which needs no second derivative through the frozen teacher.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ class LADDModel(DistillationModel):
         super().__init__(config)
         if config.student_update_freq < 1:
             raise ConfigError("model.student_update_freq must be >= 1")
+        if config.r1_weight < 0 or config.r1_fd_sigma <= 0:
+            raise ConfigError("model.r1_weight must be >= 0 and model.r1_fd_sigma > 0")
         if config.discriminator_minibatch_std < 0:
             raise ConfigError("model.discriminator_minibatch_std must be >= 0 (0 or 1: off)")
         self.feature_indices = list(config.feature_indices or default_feature_indices(self.teacher))
@@ -93,5 +99,12 @@ class LADDModel(DistillationModel):
         d_fake = self.discriminate(fake_t, t, condition)
         d_real = self.discriminate(real_t, t, condition)
         disc = F.relu(1.0 - d_real).mean() + F.relu(1.0 + d_fake).mean()
-        return ({"total_loss": disc, "gan_disc_loss": disc.detach(), "d_real_logit": d_real.detach().mean(),
-                 "d_fake_logit": d_fake.detach().mean()}, {"generated": x, "t": t})
+        loss_dict = {"gan_disc_loss": disc.detach(), "d_real_logit": d_real.detach().mean(),
+                     "d_fake_logit": d_fake.detach().mean()}
+        if self.config.r1_weight > 0 and torch.is_grad_enabled():
+            s = self.config.r1_fd_sigma
+            d_moved = self.discriminate(real_t + s * self.rng.randn_like(real_t), t, condition)
+            r1 = (d_moved.float() - d_real.float()).square().mean() / s ** 2
+            disc = disc + 0.5 * self.config.r1_weight * r1
+            loss_dict["r1_loss"] = r1.detach()
+        return {"total_loss": disc, **loss_dict}, {"generated": x, "t": t}

@@ -63,6 +63,34 @@ def test_target_is_v_minus_gap_times_the_total_derivative() -> None:
     torch.testing.assert_close(loss_dict["total_loss"].detach(), expected, rtol=2e-2, atol=1e-4)
 
 
+def test_the_jvp_runs_only_on_rows_with_r_below_t_and_the_loss_is_the_full_batch_one() -> None:
+    """The flow-matching rows (r = t) are left out of the Jacobian-vector product (their gap t - r is 0); the loss
+    equals the one computed with the total derivative of every row. A batch with no such row still runs the JVP on
+    one row, so every rank of a sharded network runs the same passes."""
+    model = perturbed(build(tiny(create_config, net=mf_net(), ratio_r_neq_t=0.5, adaptive_p=0.0)))
+    sizes: list[int] = []
+    tangents = model.tangents
+    model.tangents = lambda fn, primals, directions: sizes.append(primals[0].shape[0]) or tangents(fn, primals, directions)
+    x0 = torch.randn(64, 2)
+    torch.manual_seed(5)
+    loss_dict, out = model.single_train_step({"real": x0}, 0)
+    t, r = out["t"], out["r"]
+    moving = int((r != t).sum())
+    assert 0 < moving < 64 and sizes == [moving]
+    eps = (out["x_t"] - (1 - t[:, None]) * x0) / t[:, None]
+    v = eps - x0
+    dudt = tangents(lambda z, tt, rr: model.net(z, tt, r=rr, fwd_pred_type="flow"), (out["x_t"], t, r),
+                    (v, torch.ones_like(t), torch.zeros_like(r)))
+    expected = (out["u"] - (v - (t - r)[:, None] * dudt)).square().sum(dim=1).mean()
+    torch.testing.assert_close(loss_dict["total_loss"].detach(), expected, rtol=1e-5, atol=1e-6)
+
+    flow_matching = build(tiny(create_config, net=mf_net(), ratio_r_neq_t=0.0, adaptive_p=0.0))
+    sizes.clear()
+    flow_matching.tangents = lambda fn, primals, directions: sizes.append(primals[0].shape[0]) or tangents(fn, primals, directions)
+    flow_matching.single_train_step({"real": x0}, 0)
+    assert sizes == [1]
+
+
 def test_adaptive_weight_and_gradients() -> None:
     model = perturbed(build(tiny(create_config, net=mf_net())))
     loss_dict, out = model.single_train_step({"real": torch.randn(32, 2)}, 0)

@@ -29,6 +29,11 @@ class LADDModelConfig(DistillModelConfig):
     # Noise levels at which real and generated samples meet the discriminator (see DistillationModel.sample_noise_levels).
     t_dist: Literal["sampling", "train"] = "sampling"
     distill_loss_weight: float = 0.0
+    # R1 penalty on noised real data (Mescheder et al. 2018, Eq. 9), gamma/2 E||grad_x D(x_t)||^2, estimated by
+    # finite differences gamma/2 E[(D(x_t + s eps) - D(x_t))^2] / s^2 (as DMD2's r1_estimator=finite_difference:
+    # no second derivative through the frozen, possibly sharded teacher). 0: off.
+    r1_weight: float = 0.0
+    r1_fd_sigma: float = 0.01  # step s, in data units
 
 
 def _ladd_class() -> DictConfig:
