@@ -86,7 +86,7 @@ class MeanFlowModel(DistillationModel):
             return teacher_velocity(self, z, t.clamp_min(1e-3), condition)
 
     def total_derivative(self, z: torch.Tensor, t: torch.Tensor, r: torch.Tensor, v: torch.Tensor,
-                         condition: Any) -> torch.Tensor:
+                         condition: torch.Tensor | None) -> torch.Tensor:
         """``d/dt u(z_t, r, t)`` along ``(v, 1, 0)`` (Eq. 8), computed only for the rows with ``r != t``: the target
         multiplies it by ``t - r``, so the flow-matching rows (``1 - ratio_r_neq_t`` of the batch, 75% at the
         paper's setting) need no Jacobian-vector product, the most expensive pass of the step. With no such row the
@@ -95,9 +95,10 @@ class MeanFlowModel(DistillationModel):
         rows = (r != t).nonzero().squeeze(1)
         if rows.numel() == 0:
             rows = rows.new_zeros(1)
-        sub_condition = select_rows(condition, rows)
+        sub_condition = condition[rows] if condition is not None else None
+        t_rows, r_rows = t[rows], r[rows]
         partial = self.tangents(lambda z_, t_, r_: self.net(z_, t_, condition=sub_condition, r=r_, fwd_pred_type="flow"),
-                                (z[rows], t[rows], r[rows]), (v[rows], torch.ones_like(t[rows]), torch.zeros_like(r[rows])))
+                                (z[rows], t_rows, r_rows), (v[rows], torch.ones_like(t_rows), torch.zeros_like(r_rows)))
         return torch.zeros_like(v).index_copy(0, rows, partial.to(v.dtype))
 
     # ---- the step -----------------------------------------------------------------------------------------------
@@ -143,17 +144,6 @@ class MeanFlowModel(DistillationModel):
             times = [t_max * (1.0 - i / steps) for i in range(steps)]
         with torch.no_grad():
             return self.generate(net, noise, condition, times)
-
-
-def select_rows(condition: Any, rows: torch.Tensor) -> Any:
-    """The conditioning of the batch rows ``rows`` (a tensor, a dict of tensors, or None)."""
-    if condition is None:
-        return None
-    if isinstance(condition, dict):
-        return {k: select_rows(value, rows) for k, value in condition.items()}
-    if isinstance(condition, torch.Tensor):
-        return condition[rows]
-    return condition
 
 
 __all__ = ["MeanFlowModel"]
