@@ -7,7 +7,8 @@ No teacher; an EDM2 power-function EMA network is what samples come from.
     fastgen train --config Digits/config_meanflow_digits - model.mode=distill       # the teacher's velocity as v
 
 **Experimental**: its student does not reach fastgen's bar for a shipped recipe (1-step FD at most 3x the
-35-evaluation teacher's 0.56, 2-step at most 2x). Measured at 5,000 samples: 1-step FD 5.06 (accuracy 0.99).
+35-evaluation teacher's 0.56, 2-step at most 2x). Measured at 5,000 samples (``benchmarks/quality.py``, commit
+d20d9e8, 435 s): 1-step FD 5.50, 2-step 2.13 (accuracy 0.995).
 Along training (2,000 samples, so every FD reads higher than at 5,000; EMA network, 1-step / 2-step):
 5.47 / 2.70 after 4,000 iterations from data, still falling (9.32 / 4.03 at 1,000, 5.65 / 2.86 at 3,000); with
 the teacher's velocity in place of ``eps - x0`` (``model.mode=distill``) 7.70 / 3.32, no better. The Jacobian-vector

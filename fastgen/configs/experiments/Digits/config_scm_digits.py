@@ -3,10 +3,12 @@ into a 1-step student. TrigFlow time runs on the teacher's own EDM parameterisat
 tangent ``d/dt F`` comes from forward-mode AD (``torch.func.jvp``), warmed up over the first 200 steps.
 
 **Experimental**: its student does not reach fastgen's bar for a shipped recipe (1-step FD at most 3x the
-35-evaluation teacher's 0.56). Measured at 5,000 samples: FD 2.24 (accuracy 0.98) after these 1,000 iterations.
-What helped consistency distillation (``Digits/config_cm_digits``) does not help here: 2,500 iterations with an
-EMA of 0.99 score 3.01, and along that run (2,000 samples) the EMA network reads 4.46, 3.07, 2.88, 3.00, 2.90
-at 500-2,500 iterations: training plateaus.
+35-evaluation teacher's 0.56). Measured at 5,000 samples (``benchmarks/quality.py``, commit d20d9e8): FD 3.43,
+2.45 in two steps (accuracy 0.97) after these 1,000 iterations (2.24 before training noise was keyed by sample
+index). Two rounds of experiments (docs/experiments/digits-quality.md): 2,500 iterations with an EMA of 0.99
+plateau near 3 (3.01 at 5,000 samples); along 1,000 iterations the raw student swings more between checkpoints
+250 iterations apart (2,000 samples: 3.27 -> 3.37, 2-step 1.56 -> 2.76) than a tangent warm-up over the whole run
+or dropping the adaptive weighting moves it.
 
 Training without a teacher network (sCT, the teacher checkpoint only initialises the student):
 ``- model.mode=ct``. Finite-difference tangents: ``- model.jvp=finite_difference``.

@@ -8,7 +8,8 @@ Stage 1 is ECT-style consistency training from the shipped digits teacher (``con
 2 retrains on ``sigma in [t', 80]`` with ``t' = 1`` and the frozen stage-1 model as the boundary.
 
 **Experimental**: its student does not reach fastgen's bar for a shipped recipe (1-step FD at most 3x the
-35-evaluation teacher's 0.56). Measured at 5,000 samples: stage 1 scores FD 5.31. Not yet tried: stage 1 as the
+35-evaluation teacher's 0.56). Measured at 5,000 samples (``benchmarks/quality.py``, commit d20d9e8): stage 1
+scores FD 3.49, 1.85 in two steps (5.31 before training noise was keyed by sample index). Not yet tried: stage 1 as the
 consistency-distillation recipe that now meets the bar (``Digits/config_cm_digits``, FD 1.225 in 498 s), which
 leaves too little of a 10-minute budget for stage 2 at its length.
 """
