@@ -131,9 +131,10 @@ def _end_rank(code: object) -> None:
         sys.stderr.write(f"{code}\n")
         status = 1
     try:
-        for thread in threading.enumerate():  # what the interpreter does first at exit: wait for non-daemon threads
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
+        # What the interpreter does first at exit: run the hooks registered with threading._register_atexit (they
+        # stop concurrent.futures' idle workers, as inductor's compile pool has) and wait for non-daemon threads.
+        # Joining the threads alone would wait forever on those idle workers.
+        threading._shutdown()
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):

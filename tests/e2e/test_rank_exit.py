@@ -10,13 +10,17 @@ import sys
 
 import pytest
 
-# A command run as `fastgen --version` would be, with an atexit handler that leaves its write unflushed and a
-# non-daemon thread still running when the command ends (the interpreter waits for it before atexit). Run with
+# A command run as `fastgen --version` would be, with an atexit handler that leaves its write unflushed, a
+# non-daemon thread still running when the command ends (the interpreter waits for it before atexit) and an idle
+# thread pool (the interpreter stops its workers; waiting for them without that would hang). Run with
 # `python -v`, whose "# cleanup ..." lines on stderr show that the interpreter was finalized.
 PROGRAM = """
 import atexit, sys, threading, time
 atexit.register(lambda: sys.stdout.write("atexit ran, unflushed"))
 threading.Thread(target=lambda: (time.sleep(0.5), sys.stdout.write("thread joined\\n"))).start()
+from concurrent.futures import ThreadPoolExecutor
+POOL = ThreadPoolExecutor(2)  # idle non-daemon workers, as torch.compile's pool leaves: stopped, not waited on forever
+POOL.submit(int).result()
 sys.argv = ["fastgen", *sys.argv[1:]]
 from fastgen.cli.main import main
 main()
