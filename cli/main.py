@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _run(argv)
     except SystemExit as exc:
-        if argv is None and os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+        if argv is None and _in_multi_rank_job():
             _end_rank(exc.code)
         raise
 
@@ -106,6 +106,12 @@ def _run(argv: list[str] | None) -> None:
         text = " ".join(str(exc).split())
         _fail(f"{type(exc).__name__}: {text} (run with FASTGEN_DEBUG=1 for the traceback)", 1,
               secondary=_follows_another_rank(exc))
+
+
+def _in_multi_rank_job() -> bool:
+    """A launcher started this process as one rank of several (``WORLD_SIZE``; read here without importing torch,
+    which ``fastgen.utils.distributed.launched_world_size`` needs)."""
+    return os.environ.get("WORLD_SIZE", "1") not in ("", "1")
 
 
 def _end_rank(code: object) -> None:
@@ -173,7 +179,7 @@ def _fail(message: str, code: int, secondary: bool = False) -> None:
 
 def _follows_another_rank(exc: BaseException) -> bool:
     """A collective that failed because a peer went away: the peer's own failure is the one to report."""
-    if os.environ.get("WORLD_SIZE", "1") in ("", "1"):
+    if not _in_multi_rank_job():
         return False
     from fastgen.utils.distributed import is_peer_failure
 
