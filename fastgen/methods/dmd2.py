@@ -83,6 +83,16 @@ def frozen(*modules: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
+def finite_difference_r1(d_real: torch.Tensor, d_moved: torch.Tensor, step: float) -> torch.Tensor:
+    """The R1 penalty's ``E||grad_x D(x)||^2`` at real samples (Mescheder et al. 2018, Eq. 9) estimated from the
+    logits at ``x`` and at ``x + step * eps``, ``eps ~ N(0, I)``: ``E[(D(x + step eps) - D(x))^2] / step^2`` (the
+    approximated R1 of Lin et al. 2025, "Diffusion Adversarial Post-Training for One-Step Video Generation",
+    divided by ``step^2``; to first order in ``step`` its expectation is the squared gradient norm). One more
+    forward pass instead of a double backward through the network under the heads (a frozen or sharded teacher).
+    Computed in float32. Shared by DMD2 and LADD."""
+    return (d_moved.float() - d_real.float()).square().mean() / step ** 2
+
+
 def denoising_gap(x: torch.Tensor, d_real: torch.Tensor) -> torch.Tensor:
     """``mean_{C,H,W} |x - D_real(x_t)|`` per sample, in float32 and at least 1e-6: the normaliser of DMD's gradient
     (DMD Eq. 8), which SiD's loss shares, so the step size does not depend on how far the teacher's estimate is."""
@@ -349,7 +359,7 @@ class DMD2Model(DistillationModel):
                     (grad_real,) = torch.autograd.grad(d_real.sum(), real_t, create_graph=True)
                     r1 = grad_real.float().square().flatten(1).sum(dim=1).mean()
                 else:
-                    r1 = (d_judged[1] - d_real).square().mean() / self.config.r1_fd_sigma ** 2
+                    r1 = finite_difference_r1(d_real, d_judged[1], self.config.r1_fd_sigma)
                 total = total + 0.5 * self.config.r1_weight * r1
                 loss_dict["r1_loss"] = r1.detach()
         loss_dict["total_loss"] = total

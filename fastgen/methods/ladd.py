@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastgen.methods.dmd2 import frozen
+from fastgen.methods.dmd2 import DMD2Model, finite_difference_r1, frozen
 from fastgen.methods.distill import DistillationModel
 from fastgen.networks.discriminator import (FeatureDiscriminator, default_feature_indices, head_features, minibatch_groups,
                                             per_group, probe_feature_shapes)
@@ -62,13 +62,17 @@ class LADDModel(DistillationModel):
     def get_optimizers(self, iteration: int) -> list[str]:
         return ["net"] if iteration % self.config.student_update_freq == 0 else ["discriminator"]
 
-    def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
+    def discriminate(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,
+                     parts: int = 1) -> torch.Tensor:
+        """Logits for ``x_t``; ``parts > 1`` says the batch is that many equal, separately judged parts (generated,
+        real, real moved for R1), so minibatch-std groups stay inside one part."""
         features = head_features(self.teacher, x_t, t, condition, self.feature_indices)
-        return self.discriminator(features, self.gan_groups(condition, x_t.shape[0], x_t.device)).float()
+        return self.discriminator(features, self.gan_groups(condition, x_t.shape[0], x_t.device, parts)).float()
 
-    def gan_groups(self, condition: torch.Tensor | None, batch: int, device: torch.device) -> torch.Tensor | None:
-        """Minibatch-std groups (None when off): never across conditions; each shares one noise level."""
-        return minibatch_groups(batch, self.config.discriminator_minibatch_std, condition, device=device)
+    def gan_groups(self, condition: torch.Tensor | None, batch: int, device: torch.device,
+                   parts: int = 1) -> torch.Tensor | None:
+        """Minibatch-std groups (None when off): never across conditions or parts; each shares one noise level."""
+        return minibatch_groups(batch, self.config.discriminator_minibatch_std, condition, parts, device)
 
     def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         real = data["real"].to(self.precision)
@@ -96,15 +100,19 @@ class LADDModel(DistillationModel):
             x = self.generate(self.net, noise, condition, generator=self.rng)
         fake_t = scheduler.add_noise(x, self.rng.randn_like(x), t)
         real_t = scheduler.add_noise(real, self.rng.randn_like(real), t)
-        d_fake = self.discriminate(fake_t, t, condition)
-        d_real = self.discriminate(real_t, t, condition)
+        judged = [fake_t, real_t]
+        r1_on = self.config.r1_weight > 0 and torch.is_grad_enabled()
+        if r1_on:
+            judged.append(real_t + self.config.r1_fd_sigma * self.rng.randn_like(real_t))
+        # One pass of the frozen teacher reads every part: the generated, the real and (for R1) the moved real samples.
+        parts = len(judged)
+        d_fake, d_real, *d_moved = self.discriminate(torch.cat(judged), t.repeat(parts),
+                                                     DMD2Model.repeat(condition, parts), parts=parts).chunk(parts)
         disc = F.relu(1.0 - d_real).mean() + F.relu(1.0 + d_fake).mean()
         loss_dict = {"gan_disc_loss": disc.detach(), "d_real_logit": d_real.detach().mean(),
                      "d_fake_logit": d_fake.detach().mean()}
-        if self.config.r1_weight > 0 and torch.is_grad_enabled():
-            s = self.config.r1_fd_sigma
-            d_moved = self.discriminate(real_t + s * self.rng.randn_like(real_t), t, condition)
-            r1 = (d_moved.float() - d_real.float()).square().mean() / s ** 2
+        if r1_on:
+            r1 = finite_difference_r1(d_real, d_moved[0], self.config.r1_fd_sigma)
             disc = disc + 0.5 * self.config.r1_weight * r1
             loss_dict["r1_loss"] = r1.detach()
         return {"total_loss": disc, **loss_dict}, {"generated": x, "t": t}

@@ -324,25 +324,35 @@ def test_ladd_trains_heads_on_frozen_teacher_features(minibatch_std: int) -> Non
 
 def test_ladd_r1_penalty_estimates_the_squared_gradient_of_the_heads_on_noised_real_data() -> None:
     """LADD's finite-difference R1 (``r1_weight``) agrees with ``||grad_x D(real_t)||^2`` computed by autograd on the
-    same noised real samples, and only discriminator steps pay it."""
+    same noised real samples, and only discriminator steps pay it. The generated, real and moved real samples go
+    through the frozen teacher in one pass, and judging them one at a time gives the same losses."""
     config = ladd_config()
     config.model.net = edm_unet_8x8(num_classes=10, model_channels=8, channel_mult=[1, 2])
     config.model.num_classes = 10
     config.model.r1_weight = 2.0
     model = build(config)
-    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]] = []
     discriminate = model.discriminate
-    model.discriminate = lambda x_t, t, c: seen.append((x_t.detach(), t, c)) or discriminate(x_t, t, c)
+    model.discriminate = lambda x_t, t, c, parts=1: (seen.append((x_t.detach(), t, c, parts))
+                                                     or discriminate(x_t, t, c, parts))
+    teacher_passes = []
+    model.teacher.register_forward_hook(lambda *args: teacher_passes.append(1))
     batch = {"real": torch.rand(512, 1, 8, 8) * 2 - 1, "condition": torch.arange(512) % 10}
     torch.manual_seed(0)
     loss_dict, _ = model.single_train_step(batch, iteration=1)
-    assert len(seen) == 3  # generated, real, and the perturbed real samples
-    real_t, t, condition = seen[1]
+    assert len(seen) == 1 and seen[0][3] == 3 and len(teacher_passes) == 1  # one pass: generated, real, moved real
+    fake_t, real_t, moved_t = seen[0][0].chunk(3)
+    t, condition = seen[0][1][:512], seen[0][2][:512]
+    with torch.no_grad():
+        d_fake, d_real, d_moved = (discriminate(x, t, condition) for x in (fake_t, real_t, moved_t))
+    hinge = float(torch.relu(1.0 - d_real).mean() + torch.relu(1.0 + d_fake).mean())
+    assert float(loss_dict["gan_disc_loss"]) == pytest.approx(hinge, rel=1e-5)
+    fd_r1 = float((d_moved - d_real).square().mean()) / config.model.r1_fd_sigma ** 2
+    assert float(loss_dict["r1_loss"]) == pytest.approx(fd_r1, rel=1e-4)
     real_t = real_t.clone().requires_grad_(True)
     (grad,) = torch.autograd.grad(discriminate(real_t, t, condition).sum(), real_t)
     exact = float(grad.square().flatten(1).sum(dim=1).mean())
     assert exact > 0 and float(loss_dict["r1_loss"]) == pytest.approx(exact, rel=0.25)
-    hinge = float(loss_dict["gan_disc_loss"])
     assert float(loss_dict["total_loss"].detach()) == pytest.approx(hinge + 0.5 * 2.0 * float(loss_dict["r1_loss"]), rel=1e-5)
     assert "r1_loss" not in model.single_train_step(batch, iteration=0)[0]  # a student step
 
