@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fastgen.configs.config_utils import load_config, validate_config
+from fastgen.configs.experiments.Digits.config_dmd2_digits import MAX_ITER as QUICKSTART_ITER
 from fastgen.configs.experiments.Digits.config_dmd2_digits_long import MAX_ITER
 from fastgen.configs.instantiate import LazyCall, instantiate
 from fastgen.trainer import Trainer
@@ -13,10 +14,10 @@ from fastgen.utils.schedules import schedule_length_mismatches
 from fastgen_testing import tiny_toy_config
 
 
-def long_recipe_mismatches(max_iter: int) -> list[str]:
-    """``Digits/config_dmd2_digits_long`` with ``trainer.max_iter`` changed after the recipe was built, as
-    ``- trainer.max_iter=N`` on the command line does."""
-    config = validate_config(load_config("Digits/config_dmd2_digits_long"))
+def long_recipe_mismatches(max_iter: int, recipe: str = "Digits/config_dmd2_digits_long") -> list[str]:
+    """``Digits/config_dmd2_digits_long`` (or ``recipe``) with ``trainer.max_iter`` changed after the recipe was
+    built, as ``- trainer.max_iter=N`` on the command line does."""
+    config = validate_config(load_config(recipe))
     model = instantiate(config.model_class, config=config.model)
     model.init_optimizers()
     return schedule_length_mismatches(model.scheduler_dict, model.get_optimizers, max_iter)
@@ -24,6 +25,19 @@ def long_recipe_mismatches(max_iter: int) -> list[str]:
 
 def test_the_long_recipe_as_shipped_ends_every_decay_with_the_run() -> None:
     assert long_recipe_mismatches(MAX_ITER) == []
+
+
+@pytest.mark.parametrize("method", ["dmd2", "f_distill", "sid"])
+def test_the_quickstart_family_decays_every_learning_rate_over_its_own_run(method: str) -> None:
+    """The DMD2 quick-start and the recipes built on it decay each module's rate over exactly the updates their
+    1,000 iterations give it (200 student, 800 critic), to a tenth."""
+    recipe = f"Digits/config_{method}_digits"
+    config = validate_config(load_config(recipe))
+    assert config.trainer.max_iter == QUICKSTART_ITER
+    for name in ("net_scheduler", "fake_score_scheduler", "discriminator_scheduler"):
+        assert getattr(config.model, name).end_factor == pytest.approx(0.1)
+    assert long_recipe_mismatches(QUICKSTART_ITER, recipe) == []
+    assert len(long_recipe_mismatches(QUICKSTART_ITER + 5, recipe)) == 3
 
 
 def test_a_longer_run_than_the_recipe_names_each_decay_that_finishes_early() -> None:

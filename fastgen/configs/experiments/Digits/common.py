@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from fastgen.configs.callbacks import GradClip_CALLBACK, WANDB_CALLBACK
 from fastgen.configs.config import BaseConfig
 from fastgen.configs.data import digits_loader
+from fastgen.configs.instantiate import LazyCall
 from fastgen.configs.net import edm_unet_8x8
 
 
@@ -40,4 +41,22 @@ def digits_distillation(config: BaseConfig, max_iter: int = 1000, save_ckpt_iter
     config.trainer.callbacks.wandb.sample_iter = 500
     config.trainer.callbacks.wandb.num_samples = 100
     config.log_config.group = "digits"
+    return config
+
+
+def decay_learning_rates(config: BaseConfig, max_iter: int, final_factor: float = 0.1) -> BaseConfig:
+    """Every learning rate of a student/critic recipe (DMD2 and the methods built on it: student, fake score,
+    discriminator) decays linearly to ``final_factor`` of its start over ``max_iter`` iterations (``LinearLR``).
+    Each schedule counts the updates of its own module: the student is stepped in one iteration of every
+    ``student_update_freq``, the fake score and the discriminator in the others. So the decay ends with the run
+    only when ``trainer.max_iter`` is ``max_iter`` (the trainer warns otherwise, naming each schedule's length)."""
+    student_updates = max_iter // config.model.student_update_freq
+
+    def linear_decay(updates: int) -> DictConfig:
+        return LazyCall("torch.optim.lr_scheduler.LinearLR")(start_factor=1.0, end_factor=final_factor,
+                                                             total_iters=updates)
+
+    config.model.net_scheduler = linear_decay(student_updates)
+    config.model.fake_score_scheduler = linear_decay(max_iter - student_updates)
+    config.model.discriminator_scheduler = linear_decay(max_iter - student_updates)
     return config
