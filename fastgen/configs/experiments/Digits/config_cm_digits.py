@@ -11,7 +11,7 @@ gave 3.49 (3.44 with the EMA, 3.42 as distillation with it): the length of train
 
 Consistency training from the same start: ``- model.mode=ct`` (no teacher is kept; the checkpoint only
 initialises the student). Two-step sampling: ``- model.t_list=[80.0,0.8]``. ``ect_setting()`` is the earlier
-1,000-iteration consistency-training setting, which ``Digits/config_tcm_digits``'s first stage uses.
+1,000-iteration consistency-training setting (``Digits/config_tcm_digits`` builds on this recipe instead).
 """
 
 from __future__ import annotations
