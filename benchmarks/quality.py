@@ -8,7 +8,7 @@ teacher is scored once with 18 Heun steps (35 evaluations), and at 1-13 steps: t
 equal FD" is the fewest evaluations at which the teacher is as good as the student (what the student saves). Prints a markdown table; ``--write`` also writes it
 into docs/experiments/digits-quality.md between the ``quality-table`` markers.
 
-    .venv/bin/python benchmarks/quality.py                       # every method (~37 min on 2 CPU cores)
+    .venv/bin/python benchmarks/quality.py                       # every method (~35 min on 2 CPU cores)
     .venv/bin/python benchmarks/quality.py --methods dmd2 kd     # a subset
 """
 
