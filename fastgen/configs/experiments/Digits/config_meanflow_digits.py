@@ -11,7 +11,9 @@ No teacher; an EDM2 power-function EMA network is what samples come from.
 d20d9e8, 435 s): 1-step FD 5.50, 2-step 2.13 (accuracy 0.995).
 Along training (2,000 samples, so every FD reads higher than at 5,000; EMA network, 1-step / 2-step):
 5.47 / 2.70 after 4,000 iterations from data, still falling (9.32 / 4.03 at 1,000, 5.65 / 2.86 at 3,000); with
-the teacher's velocity in place of ``eps - x0`` (``model.mode=distill``) 7.70 / 3.32, no better. The Jacobian-vector
+the teacher's velocity in place of ``eps - x0`` (``model.mode=distill``) 7.70 / 3.32, no better. Second round
+(stop 30, 5,000 samples): the learning rate from 2e-3 decaying linearly to a tenth over the run, 5.36 / 2.02, no
+better in any way that matters. The Jacobian-vector
 product now runs only on the quarter of the batch with ``r != t``: 100 training steps of this network take 0.83x the
 wall time they took before (``farm-bench``, side by side, start-up included).
 """
