@@ -30,8 +30,9 @@ MAX_ITER = 3000
 
 def create_config() -> BaseConfig:
     config = cm_recipe()
+    # The CM recipe's curriculum stages, squeezed into this run: as many stages, each proportionally shorter.
+    config.trainer.callbacks.ct_schedule.kimg_per_stage *= MAX_ITER / config.trainer.max_iter
     config.trainer.max_iter = MAX_ITER
-    config.trainer.callbacks.ct_schedule.kimg_per_stage = 64.0 * MAX_ITER / 5000  # five stages, as in the CM recipe
     model = TCMModelConfig()
     for field in attrs.fields(type(config.model)):  # every CM setting; TCM's own fields keep their defaults
         setattr(model, field.name, getattr(config.model, field.name))
