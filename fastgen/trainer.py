@@ -34,7 +34,8 @@ divided by ``R`` so the accumulated gradient is the mean over the global batch.
 
 SIGTERM (a cluster pre-empting the job) or Ctrl-C stops training cleanly: the current step finishes, a
 checkpoint is saved, and ``TrainingInterrupted`` is raised (exit code 128 + signal); a second Ctrl-C aborts at
-once. Starting the same command again resumes exactly.
+once. Starting the same command again resumes exactly. Before the first step, either signal raises at once
+(``StartUpInterrupted`` for SIGTERM) and the run directory the run made is removed.
 
 Nothing here assumes one process: ranks, the device and all-reduces go through ``fastgen.utils.distributed``.
 """
@@ -58,7 +59,7 @@ from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
 from fastgen.utils import distributed as dist_utils
 from fastgen.utils.checkpoint_manager import CheckpointManager, TrainingState, load_pretrained
-from fastgen.utils.errors import ConfigError, FastGenRuntimeError, TrainingInterrupted
+from fastgen.utils.errors import ConfigError, FastGenRuntimeError, StartUpInterrupted, TrainingInterrupted
 from fastgen.utils.amp import autocast
 from fastgen.utils.logging import get_logger
 from fastgen.utils.parallelize import apply_compile, parallelize, set_gradient_sync
@@ -132,6 +133,11 @@ def _build_loader(node: Any, key: str) -> Any:
         if "too small for batch_size" in str(exc):
             raise ConfigError(f"{key}: {exc}; lower {key}.batch_size") from None
         raise
+
+
+def _start_up_interrupted(signum: int) -> StartUpInterrupted:
+    return StartUpInterrupted(f"stopped by {signal.Signals(signum).name} during start-up, before the first step: "
+                              "nothing was saved", signum)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -246,31 +252,10 @@ class Trainer:
         self.mesh = dist_utils.init_distributed(self.config.trainer)
         watch = dist_utils.FailureWatch(self._on_peer_failure).start()
         try:
-            self.prepare_run_dir()
-            seed_everything(self.config.trainer.seed)
-            cb.on_app_begin()
-            resume_from = self._choose_checkpoint()
-            cb.on_model_init_start()
-            model = self._build_model(fresh=resume_from is None)
-            cb.on_model_init_end(model)
-            cb.on_optimizer_init_start(model)
-            model.init_optimizers()
-            _log_optimizers(model)
-            warn_on_schedule_length_mismatches(model, self.config.trainer.max_iter)
-            cb.on_optimizer_init_end(model)
-            cb.on_load_checkpoint_start(model)
-            checkpoint_path, payload = self._load_checkpoint(model, resume_from)
-            cb.on_load_checkpoint_end(model, iteration=self.iteration, checkpoint_path=checkpoint_path)
-            cb.on_dataloader_init_start(model)
-            self._build_dataloaders()
-            cb.on_dataloader_init_end(model, dataloader_train=self.dataloader_train, dataloader_val=self.dataloader_val)
-            if payload is not None:
-                self.checkpoints.restore_rank_state(payload, self._training_state(model))
-            elif dist_utils.get_world_size() > 1:
-                seed_everything(self.config.trainer.seed + dist_utils.get_rank())  # rank-local streams from here
-            del payload
-            cb.on_train_begin(model, iteration=self.iteration)
-            self._write_config_yaml()
+            with self._interrupt_start_up_on_sigterm() as stopped:
+                model = self._start(cb)
+            if stopped:  # the signal's exception was swallowed by an ``except Exception`` on its way up
+                raise _start_up_interrupted(stopped[0])
             with self._stop_on_signals(), _compile_errors_named(self.config.model.torch_compile_mode):
                 self._train(model)
             self.checkpoints.wait()
@@ -288,6 +273,35 @@ class Trainer:
             self._discard_unused_run_dir()
             if owns_group:
                 dist_utils.teardown()
+
+    def _start(self, cb: Any) -> Any:
+        """Everything before the first step: the run directory, the models (fresh or from the checkpoint rank 0
+        chose), optimizers, data, then ``config.yaml``; return the model."""
+        self.prepare_run_dir()
+        seed_everything(self.config.trainer.seed)
+        cb.on_app_begin()
+        resume_from = self._choose_checkpoint()
+        cb.on_model_init_start()
+        model = self._build_model(fresh=resume_from is None)
+        cb.on_model_init_end(model)
+        cb.on_optimizer_init_start(model)
+        model.init_optimizers()
+        _log_optimizers(model)
+        warn_on_schedule_length_mismatches(model, self.config.trainer.max_iter)
+        cb.on_optimizer_init_end(model)
+        cb.on_load_checkpoint_start(model)
+        checkpoint_path, payload = self._load_checkpoint(model, resume_from)
+        cb.on_load_checkpoint_end(model, iteration=self.iteration, checkpoint_path=checkpoint_path)
+        cb.on_dataloader_init_start(model)
+        self._build_dataloaders()
+        cb.on_dataloader_init_end(model, dataloader_train=self.dataloader_train, dataloader_val=self.dataloader_val)
+        if payload is not None:
+            self.checkpoints.restore_rank_state(payload, self._training_state(model))
+        elif dist_utils.get_world_size() > 1:
+            seed_everything(self.config.trainer.seed + dist_utils.get_rank())  # rank-local streams from here
+        cb.on_train_begin(model, iteration=self.iteration)
+        self._write_config_yaml()
+        return model
 
     def _on_peer_failure(self, message: str) -> None:
         """Another rank failed (``FailureWatch``) and this one is still running - most likely blocked in a
@@ -335,6 +349,28 @@ class Trainer:
         import shutil
 
         shutil.rmtree(created, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def _interrupt_start_up_on_sigterm(self) -> Iterator[list[int]]:
+        """Before the first step, SIGTERM raises ``StartUpInterrupted``, so ``run``'s clean-up removes the run
+        directory this run made (Python's default for SIGTERM ends the process on the spot and leaves it, as if a
+        run had started). Who sends it: a scheduler, ``kill``, and torch's agent, which stops every rank still
+        starting once one has failed. (SIGINT raises ``KeyboardInterrupt`` already.) Yields the list of signals
+        received, for a check once start-up returns."""
+        received: list[int] = []
+        if threading.current_thread() is not threading.main_thread():
+            yield received
+            return
+
+        def interrupt(signum: int, frame: Any) -> None:
+            received.append(signum)
+            raise _start_up_interrupted(signum)
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        try:
+            yield received
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     @contextlib.contextmanager
     def _stop_on_signals(self) -> Iterator[None]:

@@ -76,6 +76,28 @@ class FailOn(Callback):
             raise ValueError(f"boom on rank {self.rank}")
 
 
+class FailAtStartUp(Callback):
+    """At start-up (``on_model_init_start``, after the run directory exists) raise ``ConfigError`` on ``rank``;
+    every other rank writes ``<folder>/starting<rank>`` and sleeps ``pause_s`` there (still starting when the
+    failure stops the run). ``rank=-1``: no rank fails (a test stops the sleeping process itself). ``swallow``:
+    the sleep is wrapped in ``except Exception: pass``, as library code sometimes is."""
+
+    def __init__(self, folder: str, rank: int = 1, pause_s: float = 30.0, swallow: bool = False) -> None:
+        self.folder, self.rank, self.pause_s, self.swallow = Path(folder), rank, pause_s, swallow
+
+    def on_model_init_start(self) -> None:
+        from fastgen.utils.errors import ConfigError
+
+        if dist_utils.get_rank() == self.rank:
+            raise ConfigError(f"probe: rank {self.rank} refuses to start")
+        (self.folder / f"starting{dist_utils.get_rank()}").write_text(str(os.getpid()))
+        try:
+            time.sleep(self.pause_s)
+        except Exception:  # noqa: BLE001 - on purpose (swallow=True)
+            if not self.swallow:
+                raise
+
+
 class PeakRSS(Callback):
     """Each rank writes ``<prefix>.rank<r>.json``: its peak resident memory (``ru_maxrss``) once the model is built,
     loaded and sharded (``on_model_init_end``), and the bytes of the method's full and local weights. Run with

@@ -322,7 +322,7 @@ def rank_section(analysis: Analysis, visible: bool, source: str | None) -> tuple
     banner = ""
     if crash:
         kind = ("ran out of memory" if crash.get("oom") else
-                "was interrupted" if crash.get("type") in ("TrainingInterrupted", "KeyboardInterrupt") else "crashed")
+                "was interrupted" if crash.get("type") in ("TrainingInterrupted", "StartUpInterrupted", "KeyboardInterrupt") else "crashed")
         banner = (f'<div class="crash" data-crash-type="{_esc(crash.get("type"))}"><strong>The run {kind}</strong> in iteration '
                   f'{_esc(crash.get("iteration"))}: <code>{_esc(crash.get("type"))}: {_esc(str(crash.get("message", ""))[:500])}</code>. '
                   "The report shows the memory up to that moment.</div>")

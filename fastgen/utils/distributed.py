@@ -198,9 +198,14 @@ def _store() -> Any:
 
 
 def is_peer_failure(exc: BaseException) -> bool:
-    """A collective that failed because another rank went away (its own failure is the one to report)."""
+    """A failure that follows another rank's (its own failure is the one to report): a collective that failed
+    because that rank went away, or a stop during start-up (``StartUpInterrupted``: torch's agent stops the ranks
+    still starting with SIGTERM once one has failed)."""
+    from fastgen.utils.errors import StartUpInterrupted
+
     text = str(exc)
-    return isinstance(exc, dist.DistError) or "Connection closed by peer" in text or "Connection reset by peer" in text
+    return (isinstance(exc, (dist.DistError, StartUpInterrupted)) or "Connection closed by peer" in text
+            or "Connection reset by peer" in text)
 
 
 def report_failure(message: str, secondary: bool = False, exit_code: int = 1) -> None:

@@ -44,3 +44,9 @@ class TrainingInterrupted(FastGenRuntimeError):
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.exit_code = 128 + signum
+
+
+class StartUpInterrupted(TrainingInterrupted):
+    """SIGTERM stopped a run before its first step. Nothing was saved, and the run directory the run made is gone;
+    rerunning the command starts afresh. Under a multi-rank launch it is usually torch's agent stopping the ranks
+    that were still starting once another one failed, so it is reported as a consequence, not the cause."""

@@ -357,6 +357,40 @@ def test_cpu_offload_on_a_cpu_run_is_refused(output_root: Path, tmp_path: Path) 
     assert not (output_root / "fastgen").exists()  # found by the workers at start-up: nothing is left behind
 
 
+def test_a_rank_failing_at_start_up_leaves_no_run_directory_while_another_is_still_starting(
+        output_root: Path, tmp_path: Path) -> None:
+    """Rank 1 refuses to start while rank 0, which made the run directory, is still starting: torch's agent stops
+    rank 0 with SIGTERM, and rank 0 still removes what it made. The launcher reports rank 1's error (exit 2)."""
+    probe = f"+trainer.callbacks.startup={{_target_:rank_probes.FailAtStartUp,folder:{tmp_path},rank:1,pause_s:60}}"
+    result = fastgen("train", "--nproc-per-node", "2", *SFT, "trainer.ddp=True", probe, cwd=tmp_path, timeout=180)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "rank 1 refuses to start" in errors[0], result.stderr[-2000:]
+    assert (tmp_path / "starting0").exists()  # rank 0 was still starting when it was stopped
+    assert not (output_root / "fastgen").exists()
+
+
+@pytest.mark.parametrize("swallow", [False, True], ids=["raised", "swallowed"])
+def test_sigterm_during_start_up_leaves_no_run_directory(output_root: Path, tmp_path: Path, swallow: bool) -> None:
+    """A single process stopped by SIGTERM (a scheduler, ``kill``) before its first step removes the run directory
+    it made, ends with one line and 143 (128 + SIGTERM) - also when code it was running swallowed the exception."""
+    probe = (f"+trainer.callbacks.startup={{_target_:rank_probes.FailAtStartUp,folder:{tmp_path},rank:-1,pause_s:60,"
+             f"swallow:{swallow}}}")
+    job = Job([FASTGEN, "train", *SFT, probe], cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "starting0").exists():
+        assert job.process.poll() is None, job.wait(10).stderr[-3000:]
+        assert time.monotonic() < deadline, "the run never reached start-up"
+        time.sleep(0.05)
+    assert (output_root / "fastgen").exists()  # the run directory is made before the models are built
+    job.process.send_signal(signal.SIGTERM)
+    result = job.wait(timeout=60)
+    assert result.returncode == 143, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "SIGTERM" in errors[0], result.stderr[-3000:]
+    assert not (output_root / "fastgen").exists()
+
+
 @pytest.mark.slow
 def test_ctrl_c_to_the_launcher_stops_every_rank_after_a_checkpoint(output_root: Path, tmp_path: Path) -> None:
     """SIGINT to the launcher (Ctrl-C) reaches torch's agent, which passes it to the workers once: they finish the
