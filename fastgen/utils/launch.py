@@ -76,8 +76,9 @@ def launch(worker_args: list[str], launcher_args: list[str], nproc_per_node: int
         run(args)
     except SignalException as exc:  # Ctrl-C / SIGTERM reached the agent, which passed it on to the workers
         name = _signal_name(int(exc.sigval))
-        raise TrainingInterrupted(f"stopped by {name}: the workers finished their step and saved a checkpoint; run "
-                                  "the same command again to resume", int(exc.sigval)) from None
+        raise TrainingInterrupted(f"stopped by {name}: workers that were training finished their step and saved a "
+                                  "checkpoint (a run still starting saved nothing and left no run directory); run the "
+                                  "same command again to resume", int(exc.sigval)) from None
     except ChildFailedError as exc:
         message, code = describe_failure(exc.failures)
         if code > 128:

@@ -391,6 +391,27 @@ def test_sigterm_during_start_up_leaves_no_run_directory(output_root: Path, tmp_
     assert not (output_root / "fastgen").exists()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_launcher_during_start_up_leaves_no_run_directory(output_root: Path, tmp_path: Path,
+                                                                         sig: signal.Signals) -> None:
+    """SIGTERM or Ctrl-C to the launcher while every rank is still starting: the agent passes it on, each rank
+    stops and rank 0 removes the run directory it made; one line, 128 + the signal."""
+    probe = f"+trainer.callbacks.startup={{_target_:rank_probes.FailAtStartUp,folder:{tmp_path},rank:-1,pause_s:60}}"
+    job = Job([FASTGEN, "train", "--nproc-per-node", "2", *SFT, "trainer.ddp=True", probe], cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not ((tmp_path / "starting0").exists() and (tmp_path / "starting1").exists()):
+        assert job.process.poll() is None, job.wait(10).stderr[-3000:]
+        assert time.monotonic() < deadline, "the ranks never reached start-up"
+        time.sleep(0.05)
+    assert (output_root / "fastgen").exists()
+    job.process.send_signal(sig)
+    result = job.wait(timeout=90)
+    assert result.returncode == 128 + sig, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"stopped by {sig.name}" in errors[0], result.stderr[-3000:]
+    assert not (output_root / "fastgen").exists()
+
+
 @pytest.mark.slow
 def test_ctrl_c_to_the_launcher_stops_every_rank_after_a_checkpoint(output_root: Path, tmp_path: Path) -> None:
     """SIGINT to the launcher (Ctrl-C) reaches torch's agent, which passes it to the workers once: they finish the
