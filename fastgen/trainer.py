@@ -135,6 +135,52 @@ def _build_loader(node: Any, key: str) -> Any:
         raise
 
 
+class _SigtermOutsideTraining:
+    """SIGTERM around a run, except its training loop (``Trainer._stop_on_signals`` handles it there). Senders: a
+    scheduler, ``kill``, and torch's agent, which stops every rank still running once one has failed - often
+    while that rank is cleaning up after the same error. Python's default ends the process on the spot, which
+    would leave the run directory of a run that never started (and the corrected command would resume it):
+
+    * during start-up it raises ``StartUpInterrupted``, so ``Trainer.run``'s clean-up removes that directory;
+      if code that was running swallows the exception, ``started()`` raises it again;
+    * while a run that never started cleans up, it is ignored: the process is on its way out already;
+    * otherwise (a run that trained, on its way out) the previous handler gets it, as before.
+    """
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.starting = True
+        self.received: list[int] = []
+        self.previous: Any = None
+        self.installed = False
+
+    def __enter__(self) -> _SigtermOutsideTraining:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self.previous = signal.SIG_DFL if previous is None else previous  # None: set outside Python
+            self.installed = True
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self.installed:
+            signal.signal(signal.SIGTERM, self.previous)
+
+    def started(self) -> None:
+        """Start-up is over; a SIGTERM it received but did not end with ends the run now."""
+        self.starting = False
+        if self.received:
+            raise _start_up_interrupted(self.received[0])
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        if self.trainer.exception is None and self.starting:
+            raise _start_up_interrupted(signum)
+        if self.trainer.run_dir_is_unused():
+            return
+        signal.signal(signal.SIGTERM, self.previous)
+        signal.raise_signal(signum)
+
+
 def _start_up_interrupted(signum: int) -> StartUpInterrupted:
     return StartUpInterrupted(f"stopped by {signal.Signals(signum).name} during start-up, before the first step: "
                               "nothing was saved", signum)
@@ -251,28 +297,27 @@ class Trainer:
         owns_group = not dist_utils.is_initialized()
         self.mesh = dist_utils.init_distributed(self.config.trainer)
         watch = dist_utils.FailureWatch(self._on_peer_failure).start()
-        try:
-            with self._interrupt_start_up_on_sigterm() as stopped:
+        with _SigtermOutsideTraining(self) as sigterm:
+            try:
                 model = self._start(cb)
-            if stopped:  # the signal's exception was swallowed by an ``except Exception`` on its way up
-                raise _start_up_interrupted(stopped[0])
-            with self._stop_on_signals(), _compile_errors_named(self.config.model.torch_compile_mode):
-                self._train(model)
-            self.checkpoints.wait()
-            return model
-        except BaseException as exc:
-            self.exception = exc
-            if dist_utils.get_world_size() > 1:
-                dist_utils.report_failure(_one_line(exc), secondary=dist_utils.is_peer_failure(exc),
-                                          exit_code=getattr(exc, "exit_code", 1))
-            raise
-        finally:
-            self._finish_pending_save()
-            watch.stop()
-            cb.on_app_end()
-            self._discard_unused_run_dir()
-            if owns_group:
-                dist_utils.teardown()
+                sigterm.started()
+                with self._stop_on_signals(), _compile_errors_named(self.config.model.torch_compile_mode):
+                    self._train(model)
+                self.checkpoints.wait()
+                return model
+            except BaseException as exc:
+                self.exception = exc
+                if dist_utils.get_world_size() > 1:
+                    dist_utils.report_failure(_one_line(exc), secondary=dist_utils.is_peer_failure(exc),
+                                              exit_code=getattr(exc, "exit_code", 1))
+                raise
+            finally:
+                self._finish_pending_save()
+                watch.stop()
+                cb.on_app_end()
+                self._discard_unused_run_dir()
+                if owns_group:
+                    dist_utils.teardown()
 
     def _start(self, cb: Any) -> Any:
         """Everything before the first step: the run directory, the models (fresh or from the checkpoint rank 0
@@ -342,35 +387,16 @@ class Trainer:
         describe a run that never happened, and the corrected command would "resume" it. The project and group
         folders this call created for it go too, so a typo leaves no empty folders in the output root. A run
         directory that existed before (a resume) is never removed."""
-        created = self._created_output_dir
-        if not (created is not None and self.exception is not None and self.iteration == self.start_iteration == 0
-                and self.last_checkpoint is None):
+        if not self.run_dir_is_unused():
             return
         import shutil
 
-        shutil.rmtree(created, ignore_errors=True)
+        shutil.rmtree(self._created_output_dir, ignore_errors=True)  # type: ignore[arg-type]
 
-    @contextlib.contextmanager
-    def _interrupt_start_up_on_sigterm(self) -> Iterator[list[int]]:
-        """Before the first step, SIGTERM raises ``StartUpInterrupted``, so ``run``'s clean-up removes the run
-        directory this run made (Python's default for SIGTERM ends the process on the spot and leaves it, as if a
-        run had started). Who sends it: a scheduler, ``kill``, and torch's agent, which stops every rank still
-        starting once one has failed. (SIGINT raises ``KeyboardInterrupt`` already.) Yields the list of signals
-        received, for a check once start-up returns."""
-        received: list[int] = []
-        if threading.current_thread() is not threading.main_thread():
-            yield received
-            return
-
-        def interrupt(signum: int, frame: Any) -> None:
-            received.append(signum)
-            raise _start_up_interrupted(signum)
-
-        previous = signal.signal(signal.SIGTERM, interrupt)
-        try:
-            yield received
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+    def run_dir_is_unused(self) -> bool:
+        """This run made the run directory and failed before its first iteration: the directory goes."""
+        return (self._created_output_dir is not None and self.exception is not None
+                and self.iteration == self.start_iteration == 0 and self.last_checkpoint is None)
 
     @contextlib.contextmanager
     def _stop_on_signals(self) -> Iterator[None]:

@@ -77,25 +77,33 @@ class FailOn(Callback):
 
 
 class FailAtStartUp(Callback):
-    """At start-up (``on_model_init_start``, after the run directory exists) raise ``ConfigError`` on ``rank``;
-    every other rank writes ``<folder>/starting<rank>`` and sleeps ``pause_s`` there (still starting when the
-    failure stops the run). ``rank=-1``: no rank fails (a test stops the sleeping process itself). ``swallow``:
-    the sleep is wrapped in ``except Exception: pass``, as library code sometimes is."""
+    """At start-up (``on_model_init_start``, after the run directory exists) raise ``ConfigError`` on ``rank``
+    (``rank=-2``: on every rank); every other rank writes ``<folder>/starting<rank>`` and sleeps ``pause_s`` there
+    (still starting when the failure stops the run). ``rank=-1``: no rank fails (a test stops the sleeping process
+    itself). ``swallow``: the sleep is wrapped in ``except Exception: pass``, as library code sometimes is.
+    ``linger_s``: rank 0 spends that long in ``on_app_end`` (its clean-up, before the run directory is removed)."""
 
-    def __init__(self, folder: str, rank: int = 1, pause_s: float = 30.0, swallow: bool = False) -> None:
+    def __init__(self, folder: str, rank: int = 1, pause_s: float = 30.0, swallow: bool = False,
+                 linger_s: float = 0.0) -> None:
         self.folder, self.rank, self.pause_s, self.swallow = Path(folder), rank, pause_s, swallow
+        self.linger_s = linger_s
 
     def on_model_init_start(self) -> None:
         from fastgen.utils.errors import ConfigError
 
-        if dist_utils.get_rank() == self.rank:
-            raise ConfigError(f"probe: rank {self.rank} refuses to start")
+        if self.rank in (dist_utils.get_rank(), -2):
+            raise ConfigError(f"probe: rank {dist_utils.get_rank()} refuses to start")
         (self.folder / f"starting{dist_utils.get_rank()}").write_text(str(os.getpid()))
         try:
             time.sleep(self.pause_s)
         except Exception:  # noqa: BLE001 - on purpose (swallow=True)
             if not self.swallow:
                 raise
+
+    def on_app_end(self) -> None:
+        if dist_utils.get_rank() == 0 and self.linger_s:
+            (self.folder / "cleaning0").write_text(str(os.getpid()))
+            time.sleep(self.linger_s)
 
 
 class PeakRSS(Callback):

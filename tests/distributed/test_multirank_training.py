@@ -366,7 +366,20 @@ def test_a_rank_failing_at_start_up_leaves_no_run_directory_while_another_is_sti
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "rank 1 refuses to start" in errors[0], result.stderr[-2000:]
-    assert (tmp_path / "starting0").exists()  # rank 0 was still starting when it was stopped
+    assert not (output_root / "fastgen").exists()
+
+
+def test_a_rank_stopped_while_it_cleans_up_a_failed_start_still_removes_the_run_directory(
+        output_root: Path, tmp_path: Path) -> None:
+    """Both ranks fail at start-up; rank 1 is gone at once while rank 0 is still cleaning up (10 s in a callback's
+    ``on_app_end``) when torch's agent sends it SIGTERM: the signal waits, and the run directory is removed."""
+    probe = (f"+trainer.callbacks.startup={{_target_:rank_probes.FailAtStartUp,folder:{tmp_path},rank:-2,"
+             "linger_s:10}")
+    result = fastgen("train", "--nproc-per-node", "2", *SFT, "trainer.ddp=True", probe, cwd=tmp_path, timeout=180)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "refuses to start" in errors[0], result.stderr[-2000:]
+    assert (tmp_path / "cleaning0").exists()
     assert not (output_root / "fastgen").exists()
 
 
