@@ -151,18 +151,16 @@ class _SigtermOutsideTraining:
         self.trainer = trainer
         self.starting = True
         self.received: list[int] = []
-        self.previous: Any = None
-        self.installed = False
+        self.previous: Any = None  # the handler to restore; None: not installed (not the main thread)
 
     def __enter__(self) -> _SigtermOutsideTraining:
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, self._on_sigterm)
             self.previous = signal.SIG_DFL if previous is None else previous  # None: set outside Python
-            self.installed = True
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        if self.installed:
+        if self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
 
     def started(self) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from fastgen.utils.errors import StartUpInterrupted
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -201,8 +202,6 @@ def is_peer_failure(exc: BaseException) -> bool:
     """A failure that follows another rank's (its own failure is the one to report): a collective that failed
     because that rank went away, or a stop during start-up (``StartUpInterrupted``: torch's agent stops the ranks
     still starting with SIGTERM once one has failed)."""
-    from fastgen.utils.errors import StartUpInterrupted
-
     text = str(exc)
     return (isinstance(exc, (dist.DistError, StartUpInterrupted)) or "Connection closed by peer" in text
             or "Connection reset by peer" in text)
