@@ -41,8 +41,8 @@ Examples:
   # re-render a saved snapshot (one per rank; a folder works too)
   fastgen profile-memory report FASTGEN_OUTPUT/fastgen/digits/config_sft_digits_memory/memory/memory_report_rank0.json.gz
 
-The run is named <name>_memory (override with log_config.name=...), starts from scratch (trainer.resume=False)
-and logs nothing to W&B (log_config.wandb_mode=disabled) unless you override those keys. The report (.html),
+The run is named <name>_memory (override with log_config.name=...), starts from scratch (trainer.resume=False;
+its checkpoints are removed when it ends) and logs nothing to W&B (log_config.wandb_mode=disabled) unless you override those keys. The report (.html),
 one snapshot per rank (<stem>_rank<r>.json.gz) and, on CUDA, PyTorch's own snapshot (<stem>_rank<r>.pickle,
 for its memory viewer) are written together.
 """
@@ -115,6 +115,7 @@ def profile(
     tracker = trainer.callbacks[TRACKER_NAME]
     if not dist_utils.is_rank0():
         return
+    _remove_profiling_checkpoints(trainer)
     if tracker.report_path is None:
         from fastgen.utils.errors import FastGenRuntimeError
 
@@ -127,6 +128,16 @@ def profile(
         if path.is_file():
             snapshots.append((load_snapshot(path), path))
     print_summary(snapshots, tracker.report_path)
+
+
+def _remove_profiling_checkpoints(trainer: Any) -> None:
+    """A profiling run is never resumed, and a run directory holds one run: its checkpoints go, so the same
+    command can profile again (it starts with trainer.resume=False, which refuses a folder holding checkpoints)."""
+    import shutil
+
+    folder = getattr(trainer.checkpoints.files, "save_dir", None)  # None: checkpoints in S3 are left as they are
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def profile_config(config_spec: str | None, overrides: list[str] | None, iters: int, output: str | None) -> BaseConfig:

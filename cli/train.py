@@ -131,7 +131,7 @@ def _evaluate(model, config, n: int, run_dir) -> None:  # noqa: ANN001 - a metho
 
     from fastgen.evaluation.evaluate import evaluate_model
     from fastgen.evaluation.sampling import dataset_of_config
-    from fastgen.evaluation.teacher_cache import cache_path, teacher_metrics
+    from fastgen.evaluation.teacher_cache import teacher_metrics
     from fastgen.utils.distributed import is_rank0
     from fastgen.utils.io import atomic_write_text
 
@@ -143,14 +143,14 @@ def _evaluate(model, config, n: int, run_dir) -> None:  # noqa: ANN001 - a metho
     teacher = getattr(model, "teacher", None)
     table = Table(title=f"evaluation on {n} samples ({dataset})")
     results = []  # (key in evaluation.json, row label, metrics)
-    cached = False
+    cached_from = None  # the teacher's cache file, when its scores were read from one
     with console().status("evaluating samples...") if interactive() else contextlib.nullcontext():
         name = "student" if teacher is not None else "model"
         results.append((name, name, evaluate_model(model, n, seed=0, net=model.sampling_net(), dataset=dataset)))
-        if teacher is not None:  # 35 evaluations per sample: scored once per teacher and cached beside it
+        if teacher is not None:  # 35 evaluations per sample: scored once per teacher and cached
             steps = model.config.sample_steps
-            metrics, cached = teacher_metrics(model, n, steps, dataset, seed=0)
-            label = f"teacher ({2 * steps - 1} evaluations{', cached' if cached else ''})"
+            metrics, cached_from = teacher_metrics(model, n, steps, dataset, seed=0)
+            label = f"teacher ({2 * steps - 1} evaluations{', cached' if cached_from is not None else ''})"
             results.append(("teacher", label, metrics))
     keys = [k for k in results[0][2] if k not in ("dataset", "num_samples")]
     table.add_column("network")
@@ -159,10 +159,10 @@ def _evaluate(model, config, n: int, run_dir) -> None:  # noqa: ANN001 - a metho
     for _, label, metrics in results:
         table.add_row(label, *(f"{metrics[k]:.4f}" if isinstance(metrics[k], float) else str(metrics[k]) for k in keys))
     out().print(table)  # results go to stdout; progress and logs to stderr
-    if cached:
-        out().print(f"teacher scores read from {cache_path(model.config.teacher_ckpt)}", soft_wrap=True)
+    if cached_from is not None:
+        out().print(f"teacher scores read from {cached_from}", soft_wrap=True)
     if is_rank0():
-        record = {"num_samples": n, "dataset": dataset, "teacher_scores_cached": cached,
+        record = {"num_samples": n, "dataset": dataset, "teacher_scores_cached": cached_from is not None,
                   "results": {name: metrics for name, _, metrics in results}}
         atomic_write_text(Path(run_dir) / "evaluation.json", json.dumps(record, indent=2) + "\n")
 

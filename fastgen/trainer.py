@@ -59,7 +59,7 @@ from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
 from fastgen.utils import distributed as dist_utils
 from fastgen.utils.checkpoint_manager import CheckpointManager, TrainingState, load_pretrained
-from fastgen.utils.errors import ConfigError, FastGenRuntimeError, StartUpInterrupted, TrainingInterrupted
+from fastgen.utils.errors import ConfigError, FastGenRuntimeError, StartUpInterrupted, TrainingInterrupted, UsageError
 from fastgen.utils.amp import autocast
 from fastgen.utils.logging import get_logger
 from fastgen.utils.parallelize import apply_compile, parallelize, set_gradient_sync
@@ -235,6 +235,7 @@ class Trainer:
         self.exception: BaseException | None = None
         self.last_checkpoint: str | None = None
         self._created_output_dir: Path | None = None  # set on rank 0 by prepare_run_dir
+        self._run_lock: Any = None  # rank 0's RunLock, held from prepare_run_dir to the end of run
         self.last_sample_path: Path | None = None
         self.dataloader_train: Any = None
         self.dataloader_val: Any = None
@@ -314,6 +315,7 @@ class Trainer:
                 watch.stop()
                 cb.on_app_end()
                 self._discard_unused_run_dir()
+                self._unlock_run_dir()
                 if owns_group:
                     dist_utils.teardown()
 
@@ -365,10 +367,33 @@ class Trainer:
         if dist_utils.is_rank0():
             self._created_output_dir = outermost_missing_folder(self.run_dir)
             check_writable_dir(self.run_dir)
+            self._lock_run_dir()
             self.checkpoints.prepare()
+            self.checkpoints.lock()
             logger.debug("run directory %s (%s); checkpoints in %s", self.run_dir.resolve(),
                          "new" if self._created_output_dir is not None else "exists", self.checkpoints.location)
         dist_utils.barrier()
+
+    def _lock_run_dir(self) -> None:
+        """Rank 0 takes the run directory's lock before anything is written there (``fastgen.utils.run_lock``). A
+        run refused because another holds it never removes the directory: it is the other run's, even when both
+        started at once and each believed it was creating it."""
+        from fastgen.utils.run_lock import RunDirectoryBusy, RunLock
+
+        lock = RunLock(self.run_dir)
+        try:
+            lock.acquire()
+        except RunDirectoryBusy:
+            self._created_output_dir = None
+            raise
+        self._run_lock = lock
+
+    def _unlock_run_dir(self) -> None:
+        """Rank 0, at the end of the run (after a directory of a run that never started is gone, if it went)."""
+        self.checkpoints.unlock()
+        if self._run_lock is not None:
+            self._run_lock.release()
+            self._run_lock = None
 
     def _write_config_yaml(self) -> None:
         """Write the resolved ``config.yaml`` (secrets redacted) once start-up has succeeded: a run that fails to
@@ -481,11 +506,13 @@ class Trainer:
         (an unreachable bucket) raises: a run never starts fresh because it could not see its checkpoints."""
         choice: str | None = None
         if dist_utils.is_rank0():
-            latest = self.checkpoints.latest() if self.config.trainer.resume else None
-            if not self.config.trainer.resume:
-                logger.debug("trainer.resume=False: starting fresh, checkpoints in %s are ignored",
-                             self.checkpoints.location)
-            elif latest is None:
+            latest = self.checkpoints.latest()
+            if not self.config.trainer.resume and latest is not None:
+                raise UsageError(
+                    f"trainer.resume=False, but {self.checkpoints.location} already holds another run's checkpoints "
+                    f"(newest {Path(latest).name}): a run directory holds one run, so give this one its own "
+                    "log_config.name, or resume that run with trainer.resume=True")
+            if latest is None:
                 logger.debug("no valid checkpoint in %s: starting fresh", self.checkpoints.location)
             else:
                 logger.debug("resuming from %s: the newest of %d valid checkpoint(s) in %s", Path(latest).name,

@@ -1,4 +1,5 @@
-"""Shared test setup: every test gets its own output root and W&B disabled unless it asks otherwise."""
+"""Shared test setup: every test gets its own output root and cache folder, and W&B disabled unless it asks
+otherwise."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from s3server import s3_server  # noqa: F401 - the SeaweedFS session fixture, on
 # at 6f7262a): `make test` hands each worker a file at a time (--dist loadfile, in this order with
 # --no-loadscope-reorder), and a long file started last leaves the other worker idle while it runs.
 LONGEST_FIRST = {
+    "e2e/test_hostile_checkpoints.py": 250, "e2e/test_hostile_checkpoints_s3.py": 110,
     "e2e/test_quickstart.py": 143, "distributed/test_multirank_training.py": 140,
     "distributed/test_sharded_checkpoints.py": 130, "e2e/test_check_ranks.py": 75, "e2e/test_startup.py": 70,
     "evaluation/test_teacher_cache.py": 70, "networks/test_compile.py": 65, "configs/test_recipes.py": 64,
@@ -52,6 +54,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path_factory.mktemp("fastgen_output")
     monkeypatch.setenv("FASTGEN_OUTPUT_ROOT", str(root))
+    # Caches (the teacher's scores, fastgen.evaluation.teacher_cache) go to a folder of the test's own, never into
+    # the real ~/.cache; commands the test runs inherit it.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg_cache")))
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("FASTGEN_NO_PROGRESS", "1")

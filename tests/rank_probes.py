@@ -65,15 +65,28 @@ class PidFile(Callback):
 
 
 class FailOn(Callback):
-    """Raise ``ValueError`` on ``rank`` at ``iteration``."""
+    """Raise ``ValueError`` on ``rank`` at ``iteration`` (``error="dist"``: ``torch.distributed.DistError``, as a
+    collective that fails on that rank for a reason of its own would). ``linger_s``: the failed rank then spends
+    that long in ``on_app_end`` (its clean-up, its process group still alive), as a slow clean-up would - the other
+    ranks, already in the next step's collective, learn of the failure only through the failure watch."""
 
-    def __init__(self, rank: int = 1, iteration: int = 3) -> None:
-        self.rank, self.iteration = rank, iteration
+    def __init__(self, rank: int = 1, iteration: int = 3, error: str = "value", linger_s: float = 0.0) -> None:
+        self.rank, self.iteration, self.error, self.linger_s = rank, iteration, error, linger_s
+        self.raised = False
 
     def on_training_step_end(self, model: Any, data_batch: dict, output_batch: dict, loss_dict: dict,
                              iteration: int = 0) -> None:
         if iteration == self.iteration and dist_utils.get_rank() == self.rank:
+            self.raised = True
+            if self.error == "dist":
+                import torch.distributed
+
+                raise torch.distributed.DistError(f"boom on rank {self.rank}")
             raise ValueError(f"boom on rank {self.rank}")
+
+    def on_app_end(self) -> None:
+        if self.raised and self.linger_s:
+            time.sleep(self.linger_s)
 
 
 class FailAtStartUp(Callback):

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from fastgen.evaluation.frechet import feature_statistics, frechet_distance_to_statistics
+from fastgen.utils.safe_pickle import torch_load
 
 CLASSIFIER_FILE = "digits_classifier.pt"
 FEATURE_DIM = 64
@@ -87,7 +88,7 @@ def load_classifier() -> tuple[DigitsClassifier, dict[str, Any]]:
     """The shipped classifier (eval mode, CPU) and its ``meta`` (test accuracy, split, epochs). Cached."""
     path = classifier_path()
     with resources.as_file(path) as file:
-        payload = torch.load(file, map_location="cpu", weights_only=True)
+        payload = torch_load(file)
     model = DigitsClassifier(feature_dim=int(payload["meta"].get("feature_dim", FEATURE_DIM)))
     model.load_state_dict(payload["state_dict"])
     return model.eval().requires_grad_(False), dict(payload["meta"])

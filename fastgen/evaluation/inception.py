@@ -28,6 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastgen.utils.errors import CheckpointError
+from fastgen.utils.safe_pickle import torch_load
+
 WEIGHTS_ENV = "FASTGEN_INCEPTION_WEIGHTS"
 WEIGHTS_FILE_NAME = "pt_inception-2015-12-05-6726825d.pth"
 FEATURE_DIM = 2048
@@ -196,16 +199,16 @@ def resolve_weights_path(path: str | os.PathLike[str] | None = None) -> Path:
 
 
 def load_inception(path: str | os.PathLike[str] | None = None, device: torch.device | str = "cpu") -> FIDInceptionV3:
-    """Build the FID InceptionV3 and load ``path`` (or ``$FASTGEN_INCEPTION_WEIGHTS``), ``weights_only``.
+    """Build the FID InceptionV3 and load ``path`` (or ``$FASTGEN_INCEPTION_WEIGHTS``) with the safe unpickler.
 
     Strict except for two keys families real files may lack: ``fc.*`` and ``*.bn.num_batches_tracked``."""
     from fastgen.utils.errors import UsageError
 
     file = resolve_weights_path(path)
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - corrupt file, not a torch file, a pickled module...
-        raise UsageError(f"cannot load Inception weights {file}: {str(exc).strip().splitlines()[0][:200]}") from None
+        state = torch_load(file, what=f"Inception weights {file}")
+    except CheckpointError as exc:  # corrupt file, not a torch file, a pickled module...
+        raise UsageError(str(exc)) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):

@@ -42,6 +42,7 @@ from fastgen.utils import distributed as dist_utils
 from fastgen.utils.errors import ConfigError
 from fastgen.utils.keyed_rng import RandomSource
 from fastgen.utils.logging import get_logger
+from fastgen.utils.safe_pickle import torch_load
 
 logger = get_logger(__name__)
 
@@ -212,7 +213,7 @@ def _load_pairs(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"KD pairs file {path} does not exist: start a fresh run with model.kd_data_path={path} "
                           "(it is built then) or call fastgen.methods.kd.build_kd_dataset")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    payload = torch_load(path)
     if not isinstance(payload, dict) or payload.get("format") != KD_FORMAT:
         raise ConfigError(f"{path} is not a KD pairs file (written by fastgen.methods.kd.build_kd_dataset)")
     return payload

@@ -40,6 +40,7 @@ from torch import nn
 
 from fastgen.networks.layers import contract_output
 from fastgen.utils.errors import UsageError
+from fastgen.utils.safe_pickle import torch_load
 
 INSTALL_HINT = "pip install 'fastgen[diffusers]'"
 
@@ -122,7 +123,7 @@ class DiffusersBackbone(nn.Module):
 
                 tensors = list(load_file(file).values())
             else:
-                loaded = torch.load(file, map_location="cpu", weights_only=True)
+                loaded = torch_load(file, what=f"prompt_embeddings: {path}")
                 tensors = list(loaded.values()) if isinstance(loaded, dict) else [loaded]
             want = (num_prompts, tokens, self.text_dim)
             if len(tensors) != 1 or tuple(tensors[0].shape) != want:

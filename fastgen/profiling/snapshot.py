@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from fastgen.utils.errors import UsageError
+from fastgen.utils.safe_pickle import SafeUnpickler
 
 FORMAT = "fastgen.memory_snapshot"
 VERSION = 1
@@ -131,22 +132,14 @@ def check_snapshot(snapshot: Any, path: Any = "snapshot") -> dict[str, Any]:
 
 
 # ---- PyTorch's CUDA allocator snapshot -------------------------------------------------------------------------
-class _PlainUnpickler(pickle.Unpickler):
-    """Unpickles plain containers and scalars only: any class or function reference is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(
-            f"refusing to load {module}.{name}: a CUDA memory snapshot holds only plain data (dicts, lists, numbers)"
-        )
-
-
 def load_cuda_pickle(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a ``torch.cuda.memory._dump_snapshot`` file without executing code (see the module docstring)."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"memory snapshot not found: {path}")
     try:
-        raw = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
+        # plain data only: a CUDA memory snapshot holds dicts, lists, strings and numbers, no class or function
+        raw = SafeUnpickler(io.BytesIO(path.read_bytes()), allowed=frozenset()).load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as exc:
         raise UsageError(f"{path} is not a CUDA memory snapshot that can be read safely: {exc}") from None
     if not isinstance(raw, dict) or "segments" not in raw:

@@ -132,9 +132,22 @@ class CheckpointManager:
         """Rank 0, before training: the folder is writable, or the bucket answers with these credentials."""
         self.store.prepare()
 
+    def lock(self) -> None:
+        """Rank 0, before training: a bucket's run lock (``S3Store.lock``); a folder is covered by the run
+        directory's lock."""
+        self.store.lock()
+
+    def unlock(self) -> None:
+        self.store.unlock()
+
     def check_layout(self, marker: str) -> None:
         """Refuse to resume from a checkpoint of the other format (the module docstring's rule)."""
         found = SHARDED if self.store.is_sharded(marker) else MONOLITHIC
+        if found == MONOLITHIC and self.layout == SHARDED and _marker_layout(self.store, marker) == SHARDED:
+            raise CheckpointError(
+                f"checkpoint {marker} is the marker of a sharded checkpoint whose folder {self.store.folder(marker)} "
+                "is missing or has no .metadata: restore that folder, or move the marker away to resume from the "
+                "checkpoint before it")
         if found != self.layout:
             run = "an FSDP run" if self.layout == SHARDED else "a run without trainer.fsdp"
             raise CheckpointError(
@@ -407,9 +420,10 @@ def load_sharded(reader: Any, model: Any, folder: str) -> None:
         set_optimizer_state_dict,
     )
 
-    from fastgen.utils.dcp_safe import SafeLoadPlanner
+    from fastgen.utils.dcp_safe import SafeLoadPlanner, checked_metadata
 
     state = sharded_state(model)
+    checked_metadata(reader)
     try:
         dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
     except _save_errors() as exc:
@@ -509,18 +523,31 @@ def read_sharded_as_full(folder: Path) -> dict[str, Any]:
     ``pretrained_ckpt_path``); a training resume reads only its own shards (``load_sharded``)."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from fastgen.utils.dcp_safe import SafeFileSystemReader, SafeWholeLoadPlanner
+    from fastgen.utils.dcp_safe import SafeFileSystemReader, SafeWholeLoadPlanner, checked_metadata
 
     state: dict[str, Any] = {}
+    reader = SafeFileSystemReader(str(folder))
     try:
-        _load_state_dict(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeWholeLoadPlanner(),
-                         no_dist=True)
+        checked_metadata(reader)
+    except FileNotFoundError:
+        raise CheckpointError(f"sharded checkpoint {folder} has no .metadata (an incomplete or missing folder)") from None
+    try:
+        _load_state_dict(state, storage_reader=reader, planner=SafeWholeLoadPlanner(), no_dist=True)
     except _save_errors() as exc:
         raise CheckpointError(f"sharded checkpoint {folder} cannot be read: {_first_line(exc)}") from None
     return state
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------------
+def _marker_layout(store: Any, marker: str) -> str | None:
+    """The layout a checkpoint's ``.pth`` declares (None when it cannot be read: its own error comes later)."""
+    try:
+        payload = store.read(marker, whole=False)
+    except CheckpointError:
+        return None
+    return payload.get("layout") if isinstance(payload, dict) else None
+
+
 def _host_copy(tree: Any) -> Any:
     """A copy of every tensor in ``tree`` that training cannot change while a background thread writes it."""
     if isinstance(tree, torch.Tensor):

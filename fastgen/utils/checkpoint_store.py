@@ -30,10 +30,15 @@ import torch
 from fastgen.utils.checkpointer import (
     Checkpointer,
     CorruptCheckpointError,
+    iterations_to_prune,
     load_checkpoint,
 )
 from fastgen.utils.errors import ConfigError
 from fastgen.utils.io import check_writable_dir
+from fastgen.utils.logging import get_logger
+from fastgen.utils.safe_pickle import CorruptFileError, torch_load
+
+logger = get_logger(__name__)
 
 
 class LocalStore:
@@ -45,6 +50,12 @@ class LocalStore:
 
     def prepare(self) -> None:
         check_writable_dir(self.files.save_dir)
+
+    def lock(self) -> None:
+        """Nothing: the run directory's lock (``fastgen.utils.run_lock``) covers a local checkpoints folder."""
+
+    def unlock(self) -> None:
+        """Nothing (``lock``)."""
 
     def list(self) -> list[tuple[int, str]]:
         return [(iteration, str(path)) for iteration, path in self.files.list()]
@@ -107,6 +118,20 @@ class S3Store:
     def prepare(self) -> None:
         self.s3.scan_checkpoints(self.storage, self.prefix)  # the bucket exists and the credentials work
 
+    def lock(self) -> None:
+        """A lock object beside the checkpoints (``fastgen.utils.run_lock.S3RunLock``): runs on machines that share
+        no disk but write one prefix meet it."""
+        from fastgen.utils.run_lock import S3RunLock
+
+        self._lock = S3RunLock(self.storage, self.prefix.child(".fastgen.lock"))
+        self._lock.acquire()
+
+    def unlock(self) -> None:
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.release()
+            self._lock = None
+
     def list(self) -> list[tuple[int, str]]:
         return [(found.iteration, found.marker.url) for found in self.s3.scan_checkpoints(self.storage, self.prefix).valid]
 
@@ -129,9 +154,20 @@ class S3Store:
                 writer(handle)
             self.storage.upload_file(staged, target)
         if self.keep_last_n is not None:
-            for found in self.s3.scan_checkpoints(self.storage, self.prefix).valid[: -self.keep_last_n]:
-                self.s3.delete_checkpoint(self.storage, self.prefix, found.iteration)
+            self._prune(iteration)
         return target.url
+
+    def _prune(self, written: int) -> None:
+        """``keep_last_n`` after a successful upload. A listing or deletion error here costs only disk space, so
+        it is a warning and training goes on (the checkpoint just written is safe either way)."""
+        try:
+            valid = [found.iteration for found in self.s3.scan_checkpoints(self.storage, self.prefix).valid]
+            for old in iterations_to_prune(valid, written, int(self.keep_last_n or 0)):
+                self.s3.delete_checkpoint(self.storage, self.prefix, old)
+        except Exception as exc:  # noqa: BLE001 - a storage error of any kind: the save itself succeeded
+            logger.warning("checkpoint %s is saved, but removing older ones under %s (keep_last_n=%s) failed: %s; "
+                           "training goes on", self.s3.checkpoint_marker(self.prefix, written).url, self.location,
+                           self.keep_last_n, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
 
     def read(self, marker: str, whole: bool) -> dict[str, Any]:
         location = self.s3.S3Location.parse(marker)
@@ -174,6 +210,9 @@ def checkpoint_store(checkpointer_config: Any, run_dir: Path, run_prefix: str,
     """The store a run's ``trainer.checkpointer`` describes (module docstring)."""
     save_dir = str(checkpointer_config.save_dir)
     keep = checkpointer_config.keep_last_n
+    if keep is not None and (isinstance(keep, bool) or int(keep) < 1):
+        raise ConfigError(f"trainer.checkpointer.keep_last_n={keep} would keep no checkpoint: give N >= 1 (the "
+                          "newest N are kept), or null to keep them all")
     if save_dir.startswith("s3://"):
         return S3Store(save_dir.rstrip("/"), keep, credentials_dir)
     if not checkpointer_config.use_s3:
@@ -201,10 +240,9 @@ def read_whole_checkpoint(path: str, credentials_dir: str | None) -> dict[str, A
 
 def _load_marker_file(path: Path, name: str) -> dict[str, Any]:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises several types for a damaged file
-        text = str(exc).strip()
-        raise CorruptCheckpointError(Path(name), text.splitlines()[0] if text else type(exc).__name__) from None
+        return torch_load(path, what=name)
+    except CorruptFileError as exc:
+        raise CorruptCheckpointError(Path(name), exc.reason) from None
 
 
 def torch_save_to(payload: dict[str, Any]) -> Callable[[IO[bytes]], None]:

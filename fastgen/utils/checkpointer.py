@@ -20,7 +20,8 @@ own shards) and the marker ``{iteration:07d}.pth``: the dict above without ``mod
 
 **Validity and discovery.** A checkpoint is valid when its ``.pth`` exists; the newest valid one is resumed. A
 ``.dcp`` folder without its marker (a crash during a save) is ignored and removed by the next save;
-``keep_last_n`` removes a marker and then its folder.
+``keep_last_n`` removes a marker and then its folder, oldest first, and never the checkpoint just written nor the
+newest valid one.
 
 **How they load.** A run resumes only from its own format (FSDP: sharded; otherwise monolithic): the other is a
 one-line error that points at ``trainer.checkpointer.pretrained_ckpt_path``, which starts a *new* run from
@@ -31,8 +32,9 @@ size (``fastgen.utils.checkpoint_manager`` documents what a run saves and restor
 the monolithic dict for either format (assembling a sharded folder's tensors in this process), for tools that
 need whole networks: sampling, evaluation, teachers, ``pretrained_ckpt_path``.
 
-**Safety.** Files load with ``torch.load(weights_only=True)``; DCP folders with an allowlisting unpickler for
-their metadata and ``weights_only`` for their non-tensor entries: a checkpoint cannot execute code. A truncated
+**Safety.** Every pickle here - a ``.pth``'s, a DCP folder's ``.metadata`` and its non-tensor entries, locally or
+on S3 - is read by one unpickler that resolves only an exact list of names (``fastgen.utils.safe_pickle``): a
+checkpoint cannot execute code. A truncated
 or corrupt file raises ``CheckpointError`` naming the file and what to do. A relative ``save_dir`` lives inside
 the run directory, or with ``use_s3=True`` under ``s3://<s3_container>/<project>/<group>/<name>/``
 (``fastgen.utils.checkpoint_store``: the same names there; objects appear whole, the marker last).
@@ -51,6 +53,7 @@ import torch
 from fastgen.utils.errors import CheckpointError
 from fastgen.utils.io import atomic_write_with
 from fastgen.utils.logging import get_logger
+from fastgen.utils.safe_pickle import CorruptFileError, torch_load
 
 logger = get_logger(__name__)
 _NAME = re.compile(r"^(\d{7,})\.pth$")
@@ -64,9 +67,9 @@ class CorruptCheckpointError(CheckpointError):
         self.path, self.reason = path, reason
         if previous is not None:
             advice = (f"the previous checkpoint {previous.name} is complete: move {path.name} away to resume from "
-                      "it, or start fresh with trainer.resume=False")
+                      "it, or start a new run (a new log_config.name)")
         else:
-            advice = "delete it to resume from the previous one, or start fresh with trainer.resume=False"
+            advice = "delete it to resume from the previous one, or start a new run (a new log_config.name)"
         super().__init__(f"checkpoint {path} is corrupt or truncated ({reason}); {advice}")
 
 
@@ -119,9 +122,10 @@ class Checkpointer:
         self._remove_stale_temporaries()
         atomic_write_with(path, writer)
         if self.keep_last_n is not None:
-            for _, old in self.list()[: -self.keep_last_n]:
-                old.unlink(missing_ok=True)  # the marker first: its folder is invalid from here on
-                shutil.rmtree(old.with_suffix(".dcp"), ignore_errors=True)
+            found = dict(self.list())
+            for old in iterations_to_prune(list(found), iteration, self.keep_last_n):
+                found[old].unlink(missing_ok=True)  # the marker first: its folder is invalid from here on
+                shutil.rmtree(found[old].with_suffix(".dcp"), ignore_errors=True)
         return path
 
     def _remove_stale_temporaries(self) -> None:
@@ -130,16 +134,24 @@ class Checkpointer:
                 entry.unlink(missing_ok=True)
 
 
+def iterations_to_prune(valid: list[int], written: int, keep_last_n: int) -> list[int]:
+    """The checkpoints ``keep_last_n`` removes after ``written`` was saved: the oldest beyond the newest
+    ``keep_last_n``, but never ``written`` itself nor the newest valid one. (Taking "all but the last N" of the
+    listing alone deleted the checkpoint just written whenever the folder held higher iterations.)"""
+    ordered = sorted(valid)
+    protected = {written, ordered[-1]} if ordered else {written}
+    return [iteration for iteration in ordered[: max(len(ordered) - keep_last_n, 0)] if iteration not in protected]
+
+
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a fastgen checkpoint safely (``weights_only=True``, CPU); raise ``CheckpointError`` if unusable."""
+    """Load a fastgen checkpoint safely (``fastgen.utils.safe_pickle``, CPU); raise ``CheckpointError`` if unusable."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, zipfile errors...
-        reason = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else type(exc).__name__
-        raise CorruptCheckpointError(path, reason) from None
+        payload = torch_load(path)
+    except CorruptFileError as exc:
+        raise CorruptCheckpointError(path, exc.reason) from None
     if isinstance(payload, dict) and payload.get("format") == FORMAT and payload.get("layout") == "sharded":
         from fastgen.utils.checkpoint_manager import dcp_folder, read_sharded_as_full
 

@@ -71,8 +71,9 @@ from fastgen.utils.checkpoint_manager import VERSION, _first_line, dcp_folder
 from fastgen.utils.checkpointer import FORMAT
 from fastgen.utils.dcp_safe import SafeFileSystemReader, SafeWholeLoadPlanner
 from fastgen.utils.errors import CheckpointError, UsageError
-from fastgen.utils.io import _fsync_dir
+from fastgen.utils.io import _fsync_dir, give_new_file_mode
 from fastgen.utils.logging import get_logger
+from fastgen.utils.safe_pickle import CorruptFileError, torch_load
 
 logger = get_logger(__name__)
 
@@ -180,10 +181,10 @@ class MonolithicSource(Source):
 
     def _open(self) -> Any:
         try:
-            return torch.load(self.path, map_location="cpu", mmap=True, weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a bad file
+            return torch_load(self.path, what=self.description, mmap=True)
+        except CorruptFileError as exc:
             if _looks_like_zip(self.path):
-                reason = _first_line(exc).split(". ")[0]
+                reason = exc.reason.split(". ")[0]
                 raise CheckpointError(f"checkpoint {self.description} is corrupt or truncated ({reason})") from None
             raise UsageError(f"{self.description} is not a fastgen checkpoint (not a torch zip file)") from None
 
@@ -204,13 +205,15 @@ class ShardedSource(Source):
         super().__init__(marker, description)
         self.folder = dcp_folder(marker)
         try:
-            payload = torch.load(marker, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint marker {description} is corrupt or truncated ({_first_line(exc)})") from None
+            payload = torch_load(marker, what=description)
+        except CorruptFileError as exc:
+            raise CheckpointError(f"checkpoint marker {description} is corrupt or truncated ({exc.reason})") from None
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             raise UsageError(f"{description} is not a fastgen checkpoint")
         try:
             self.metadata = SafeFileSystemReader(str(self.folder)).read_metadata()
+        except CheckpointError:
+            raise  # the safe reader's own one-line refusal
         except Exception as exc:  # noqa: BLE001
             raise CheckpointError(f"sharded checkpoint {self.folder} has unreadable metadata ({_first_line(exc)})") from None
         missing = sorted({info.relative_path for info in self.metadata.storage_data.values()
@@ -619,7 +622,7 @@ def verify_output(path: Path, fmt: str, expected: dict[str, TensorSpec]) -> None
     """Reopen what was written (its index only) and compare names, shapes and dtypes with ``expected``."""
     found: dict[str, TensorSpec] = {}
     if fmt == "pth":
-        payload = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        payload = torch_load(path, mmap=True)
         for section in SECTIONS:
             for leaf_path, tensor in _tensor_leaves(payload.get(section) or {}, (section,)):
                 found[".".join(map(str, leaf_path))] = TensorSpec.of(tensor)
@@ -709,9 +712,11 @@ def local_destination(dst: str, fmt: str, iteration: int) -> Destination:
 # ------------------------------------------------------------------------------------------- publishing
 @contextlib.contextmanager
 def staged_file(target: Path) -> Iterator[Path]:
-    """A hidden temporary path beside ``target``, renamed onto it when the block succeeds, removed otherwise."""
+    """A hidden temporary path beside ``target``, renamed onto it when the block succeeds, removed otherwise. It has
+    the mode a new file gets under the umask (``mkstemp`` makes it 0600, and writers that truncate keep that)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    give_new_file_mode(fd, name)
     os.close(fd)
     temporary = Path(name)
     try:

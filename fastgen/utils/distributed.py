@@ -17,7 +17,11 @@ nothing crashes when no group exists.
 
 A rank that fails tells the others through the rendezvous store (``FailureWatch``): every rank runs a small
 thread that polls the store, so the other ranks stop within a second with one line naming the failing rank and
-its error, instead of hanging in a collective until the timeout.
+its error, instead of hanging in a collective until the timeout. Every failure is announced (the first one wins
+the store's key), including ``DistError``s: a collective that fails on one rank for its own reason is as much a
+cause as any other error. The store is reached through a private torch function; where it is missing the watch
+cannot run, and ``init_distributed`` says so once on rank 0 (peers of a failed rank then wait up to
+``trainer.dist_timeout_s``).
 """
 
 from __future__ import annotations
@@ -167,6 +171,7 @@ def init_distributed(trainer_config: Any) -> Any:
         dist.init_process_group(**kwargs)
         logger.debug("rank %d of %d joined the process group (%s, timeout %ss)", get_rank(), get_world_size(),
                      backend, trainer_config.dist_timeout_s)
+    warn_if_failure_watch_unavailable(float(trainer_config.dist_timeout_s))
     return build_mesh(device.type, get_world_size(), shard_size if trainer_config.fsdp else None)
 
 
@@ -186,36 +191,99 @@ def teardown() -> None:
 
 
 # ---- failures: one rank's error stops every rank promptly ---------------------------------------------------------
-def _store() -> Any:
-    """The default group's rendezvous store, or ``None`` (single process, or a backend without one)."""
-    if not is_initialized():
-        return None
+# Errors that say a peer went away: the failure of that peer (or its death) is the one to report, not this one. The
+# first two (gloo's words) in any error; the others (a socket to a dead peer, NCCL's words) in a DistError only.
+_PEER_LOSS_MARKERS = ("Connection closed by peer", "Connection reset by peer")
+_DIST_PEER_LOSS_MARKERS = (*_PEER_LOSS_MARKERS, "Broken pipe", "remote process exited")
+_VERDICT_ATTR = "_fastgen_follows_peer"  # is_peer_failure's verdict, kept on the exception (see there)
+_WATCH_WARNED = False
+
+
+def _default_store() -> tuple[Any, str | None]:
+    """``(store, None)``, or ``(None, why there is none)``. The store of the default group is only reachable
+    through a private torch function, which a torch release may rename or remove."""
     try:
         from torch.distributed.distributed_c10d import _get_default_store
+    except ImportError:
+        return None, f"torch {torch.__version__} has no torch.distributed.distributed_c10d._get_default_store"
+    try:
+        return _get_default_store(), None
+    except Exception as exc:  # noqa: BLE001 - any failure means the same: no store to announce failures through
+        return None, f"torch.distributed.distributed_c10d._get_default_store() failed ({type(exc).__name__}: {exc})"
 
-        return _get_default_store()
-    except Exception:  # noqa: BLE001 - no store: failures then surface as collective errors or timeouts
+
+def _store() -> Any:
+    """The default group's rendezvous store, or ``None`` (single process, or no store: see
+    ``warn_if_failure_watch_unavailable``)."""
+    if not is_initialized():
         return None
+    return _default_store()[0]
+
+
+def warn_if_failure_watch_unavailable(timeout_s: float) -> None:
+    """Once per process, on rank 0 of a multi-rank group: warn when the store the failure watch polls cannot be
+    reached. Why: without it ``FailureWatch`` does not run and ``report_failure`` cannot tell anyone, silently - the
+    ranks still running after one failed then sit in their next collective until ``trainer.dist_timeout_s``."""
+    global _WATCH_WARNED
+    if _WATCH_WARNED or not is_initialized() or get_world_size() < 2:
+        return
+    store, reason = _default_store()
+    if store is not None:
+        return
+    _WATCH_WARNED = True
+    if get_rank() == 0:
+        logger.warning("the failure watch cannot run: %s. A rank that fails cannot tell the others, which wait up to "
+                       "trainer.dist_timeout_s=%gs in their next collective before they stop", reason, timeout_s)
 
 
 def is_peer_failure(exc: BaseException) -> bool:
-    """A failure that follows another rank's (its own failure is the one to report): a collective that failed
-    because that rank went away, or a stop during start-up (``StartUpInterrupted``: torch's agent stops the ranks
-    still starting with SIGTERM once one has failed)."""
+    """A failure that follows another rank's (that rank's failure is the one to report): a collective that failed
+    because a peer went away (``_PEER_LOSS_MARKERS``), a stop during start-up (``StartUpInterrupted``: torch's
+    agent stops the ranks still starting with SIGTERM once one has failed), or a ``DistError`` raised after
+    another rank already reported its failure in the store.
+
+    A ``DistError`` with no earlier failure in the store is this rank's own (a collective that failed here for a
+    reason of its own): it is reported as the cause, so the other ranks are told and the launcher names it. Without
+    a store to ask (no group any more, none reachable, or one that stopped answering with the rank that hosted it)
+    a ``DistError`` is taken to follow another rank's failure, the likelier case. The verdict is kept on the
+    exception: it is asked again after the group is gone (the command's last line, ``fastgen.cli.main``) and must
+    not change then."""
+    verdict = getattr(exc, _VERDICT_ATTR, None)
+    if isinstance(verdict, bool):
+        return verdict
     text = str(exc)
-    return (isinstance(exc, (dist.DistError, StartUpInterrupted)) or "Connection closed by peer" in text
-            or "Connection reset by peer" in text)
+    if isinstance(exc, StartUpInterrupted) or any(marker in text for marker in _PEER_LOSS_MARKERS):
+        verdict = True
+    elif isinstance(exc, dist.DistError):
+        verdict = True
+        store = _store()
+        if store is not None and not any(marker in text for marker in _DIST_PEER_LOSS_MARKERS):
+            try:
+                first = store.get(FAILURE_KEY).decode() if store.check([FAILURE_KEY]) else ""
+            except Exception:  # noqa: BLE001 - the store is gone, most likely with the rank that hosted it
+                first = None
+            if first is not None:
+                verdict = bool(first) and not first.startswith(f"rank {get_rank()}:")
+    else:
+        verdict = False
+    with contextlib.suppress(AttributeError, TypeError):  # an exception type without instance attributes
+        setattr(exc, _VERDICT_ATTR, verdict)
+    return verdict
 
 
 def report_failure(message: str, secondary: bool = False, exit_code: int = 1) -> None:
-    """Tell the other ranks that this one failed (first failure wins), and a launcher's agent what the error was
-    (before this rank's clean-up, during which the agent may already stop it); never raises. ``secondary``: the
-    failure only follows another rank's (``is_peer_failure``), so the other ranks are not told."""
+    """Tell the other ranks that this one failed, and a launcher's agent what the error was (before this rank's
+    clean-up, during which the agent may already stop it); never raises.
+
+    Every failure goes to the store, ``secondary`` ones too (the failure only follows another rank's,
+    ``is_peer_failure``): the first failure wins the key, so a later one changes nothing, and when the first one
+    came from a rank that could not announce it (killed) this one still stops the ranks that are waiting.
+    ``secondary`` marks the agent's record, so the launcher names the cause, not a consequence."""
     from fastgen.utils.launch import record_worker_error
 
     text = f"rank {get_rank()}: {message}"
     record_worker_error(text, secondary=secondary, exit_code=exit_code)
-    store = None if secondary else _store()
+    store = _store()
     if store is None:
         return
     try:

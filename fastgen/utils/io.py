@@ -2,6 +2,11 @@
 
 The data goes to a temporary file in the same folder, is flushed and fsynced, then ``os.replace``d over the
 target (atomic on POSIX within one filesystem); the folder is fsynced so the rename survives a power cut.
+
+File modes: ``tempfile.mkstemp`` creates its file 0600 (private, whatever the umask), and the rename keeps that
+mode, so without care every checkpoint, ``config.yaml`` and sample grid would be unreadable to the teammates a
+shared disk is shared with. The temporary file is therefore given the mode ``open(path, "w")`` would create a file
+with, ``0o666 & ~umask`` (``new_file_mode``), before anything is written to it.
 """
 
 from __future__ import annotations
@@ -9,18 +14,63 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
+from fastgen.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it where the kernel allows.
+
+    Why not ``os.umask``: it can only be read by setting it, and between setting and restoring it another thread
+    (the asynchronous checkpoint writer) could create a file with the wrong mode. Linux reports the umask in
+    ``/proc/self/status`` (4.7 and later); elsewhere the set-and-restore fallback runs under a lock, which at
+    least keeps this module's own writers from racing each other.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:  # set to the private 0o077 meanwhile: a racing file comes out too private, never too open
+        umask = os.umask(0o077)
+        os.umask(umask)
+    return umask
+
+
+def new_file_mode() -> int:
+    """The permission bits ``open(path, "w")`` gives a new file: ``0o666`` less the umask."""
+    return 0o666 & ~current_umask()
+
+
+def give_new_file_mode(fd: int, path: Path | str) -> None:
+    """Give a file made by ``tempfile.mkstemp`` (always 0600) the mode an ordinary new file would get, so the file
+    it is renamed to is as readable as the user's umask intends. A filesystem that refuses ``chmod`` (some network
+    mounts) keeps the private mode: the write itself matters more."""
+    try:
+        os.fchmod(fd, new_file_mode())
+    except OSError as exc:
+        logger.debug("could not set the mode of %s: %s", path, exc)
+
 
 @contextlib.contextmanager
 def atomic_open(path: Path, mode: str = "wb") -> Iterator[IO]:
-    """Yield a file object whose content replaces ``path`` only if the block finishes without error."""
+    """Yield a file object whose content replaces ``path`` only if the block finishes without error. The new
+    file's mode follows the umask (``new_file_mode``), as a file written with ``open`` would."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        give_new_file_mode(fd, tmp)
         with os.fdopen(fd, mode) as handle:
             yield handle
             handle.flush()

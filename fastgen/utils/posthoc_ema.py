@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from fastgen.utils.errors import UsageError
+from fastgen.utils.safe_pickle import torch_load
 
 SNAPSHOT_DIR = "ema_snapshots"
 _NAME = re.compile(r"^(?P<name>.+)-(?P<t>\d+)\.pt$")
@@ -86,7 +87,7 @@ def list_snapshots(source: str | Path) -> list[Snapshot]:
         match = _NAME.match(path.name)
         if match is None:
             continue
-        header = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        header = torch_load(path, mmap=True)
         found.append(Snapshot(path, match["name"], int(header["t"]), float(header["gamma"])))
     if not found:
         raise UsageError(f"no EMA snapshots in {folder}: train with a power EMACallback that sets snapshot_iter "
@@ -109,7 +110,7 @@ def reconstruct(source: str | Path, sigma_rel: float, at: int | None = None) -> 
     combined: dict[str, torch.Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
     for weight, snap in zip(x, used):
-        state = torch.load(snap.path, map_location="cpu", weights_only=True)["state"]
+        state = torch_load(snap.path)["state"]
         dtypes = {key: value.dtype for key, value in state.items()}  # the newest snapshot's dtypes are written
         if combined and state.keys() != combined.keys():
             raise UsageError(f"{snap.path} holds other tensors than the snapshots before it: one run's snapshots only")

@@ -46,8 +46,8 @@ temporary staging folder on each rank: DCP's own planning and serialisation writ
 files there; ``write_data`` then uploads them to ``<location>/`` (multipart, retried) and deletes the staged copies.
 The coordinator's ``finish`` writes ``.metadata`` the same way and uploads it **last**, after DCP has gathered every
 rank's write results, so an object store holding ``.metadata`` holds every shard it names. The reader downloads
-``.metadata``, checks that its pickle names only DCP metadata classes and torch dtypes (it is unpickled by DCP, so a
-tampered bucket must not run code), then, per ``read_data``, downloads exactly the ``.distcp`` files the rank's load
+``.metadata`` and reads it with the project's one unpickler (``fastgen.utils.safe_pickle``: a tampered bucket must
+not run code), then, per ``read_data``, downloads exactly the ``.distcp`` files the rank's load
 plan reads from, lets ``FileSystemReader`` read them, and deletes them. Costs: each rank needs local disk for its
 own shard files while saving and for the files it reads while loading (``staging_dir``, default the system
 temporary folder); there is no byte-range streaming. Because the writer inherits ``FileSystemWriter``'s staging
@@ -66,7 +66,6 @@ import contextlib
 import io
 import logging
 import os
-import pickle
 import re
 import shutil
 import tempfile
@@ -426,6 +425,16 @@ class S3Storage:
                 keys.extend(item["Key"] for item in page.get("Contents", ()))
         return sorted(keys)
 
+    def object_sizes(self, location: S3Location | str) -> dict[str, int]:
+        """``{object name: size in bytes}`` directly below ``location/`` (one level, every page)."""
+        location = as_location(location)
+        prefix = location.folder_prefix
+        sizes: dict[str, int] = {}
+        with self._errors("listing", location):
+            for page in self._pages(location.bucket, prefix, Delimiter="/"):
+                sizes.update((item["Key"][len(prefix):], int(item["Size"])) for item in page.get("Contents", ()))
+        return {name: size for name, size in sizes.items() if name}
+
     def list_children(self, location: S3Location | str) -> tuple[list[str], list[str]]:
         """``(object names, folder names)`` directly below ``location/`` (one level, every page), sorted."""
         location = as_location(location)
@@ -635,7 +644,9 @@ def _dcp_storage_classes() -> dict[str, type]:
                     self.storage.upload_file(file, self.location.child(file.name))
                     file.unlink()
 
-    class S3StorageReader(_S3Staged, FileSystemReader):
+    from fastgen.utils.dcp_safe import SafeDcpReading
+
+    class S3StorageReader(SafeDcpReading, _S3Staged, FileSystemReader):
         """``torch.distributed.checkpoint`` reader of ``s3://bucket/prefix/`` that downloads only the files its load
         plan reads. ``dcp.load(state, storage_reader=S3StorageReader(location, storage))``."""
 
@@ -643,16 +654,14 @@ def _dcp_storage_classes() -> dict[str, type]:
                      staging_dir: str | os.PathLike[str] | None = None) -> None:
             FileSystemReader.__init__(self, self._set_up(location, storage, staging_dir))
 
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            local = Path(self._get_metadata_path(kwargs.get("rank")))
-            data = self.storage.read_bytes(self.location.child(local.name))
-            check_metadata_pickle(data, self.location.child(local.name))
-            local.parent.mkdir(parents=True, exist_ok=True)
-            local.write_bytes(data)
-            try:
-                return super().read_metadata(*args, **kwargs)
-            finally:
-                local.unlink(missing_ok=True)
+        def _metadata_stream(self, rank: int | None) -> Any:
+            name = Path(self._get_metadata_path(rank)).name
+            stream = io.BytesIO(self.storage.read_bytes(self.location.child(name)))
+            stream.name = self.location.child(name).url  # type: ignore[attr-defined] - names it in errors
+            return stream
+
+        def _file_sizes(self) -> dict[str, int]:
+            return self.storage.object_sizes(self.location)
 
         def read_data(self, plan: Any, planner: Any) -> Any:
             names = sorted({self.storage_data[item.storage_index].relative_path for item in plan.items})
@@ -680,42 +689,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# What a DCP .metadata pickle may name: DCP's own metadata classes, torch's dtype/layout/memory-format singletons
-# and torch.Size, plain containers, and the PosixPath a local FileSystemWriter records as its checkpoint id. Anything else (os.system, ...) means a tampered object.
-_TORCH_NAMES = {"Size", "strided", "sparse_coo", "sparse_csr", "contiguous_format", "channels_last",
-                "channels_last_3d", "preserve_format"}
-_SAFE_BUILTINS = {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
-                  ("pathlib", "PosixPath"), ("torch.serialization", "_get_layout")}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        import torch
-
-        allowed = (module.startswith("torch.distributed.checkpoint.") or (module, name) in _SAFE_BUILTINS
-                   or (module == "torch" and (name in _TORCH_NAMES or isinstance(getattr(torch, name, None), torch.dtype))))
-        if not allowed:
-            raise pickle.UnpicklingError(f"{module}.{name}")
-        return super().find_class(module, name)
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("persistent id")
-
-
-def check_metadata_pickle(data: bytes, location: S3Location) -> None:
-    """Refuse a DCP ``.metadata`` whose pickle names anything but DCP metadata and torch dtypes (DCP unpickles it
-    with plain ``pickle``; this check runs first)."""
-    try:
-        _MetadataUnpickler(io.BytesIO(data)).load()
-    except Exception as exc:  # noqa: BLE001 - any failure means: not a DCP metadata file we trust
-        raise CheckpointError(f"{location} is not a DCP metadata file fastgen can trust "
-                              f"({type(exc).__name__}: {str(exc)[:120]})") from None
-
-
 __all__ = [
     "CheckpointScan", "S3AccessError", "S3Checkpoint", "S3Credentials", "S3Location", "S3NotFoundError",
     "S3Settings", "S3Storage", "S3StorageError", "S3StorageReader", "S3StorageWriter", "S3UnreachableError",
-    "as_location", "check_metadata_pickle", "checkpoint_folder", "checkpoint_marker", "credentials_source",
+    "as_location", "checkpoint_folder", "checkpoint_marker", "credentials_source",
     "delete_checkpoint", "is_s3_url", "newest_valid_checkpoint", "resolve_credentials", "s3_error_in",
     "scan_checkpoints",
 ]

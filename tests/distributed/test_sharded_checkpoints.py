@@ -219,6 +219,24 @@ def test_a_checkpoint_folder_whose_metadata_would_run_code_is_refused(tmp_path: 
     folder = tmp_path / "0000001.dcp"
     folder.mkdir()
     (folder / ".metadata").write_bytes(pickle.dumps(Payload()))
-    with pytest.raises(CheckpointError, match="refusing to load"):
+    with pytest.raises(CheckpointError, match=r"it names \w+\.system"):
         read_sharded_as_full(folder)
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_sharded_marker_without_its_folder_names_the_folder(tmp_path: Path) -> None:
+    """An FSDP run resuming from a marker whose ``.dcp`` folder is gone is told which folder is missing (it used
+    to read "cannot resume from the monolithic checkpoint")."""
+    from types import SimpleNamespace
+
+    from fastgen.utils.checkpoint_manager import CheckpointManager
+    from fastgen.utils.errors import CheckpointError
+
+    config = SimpleNamespace(save_dir="checkpoints", use_s3=False, s3_container=None, keep_last_n=None,
+                             pretrained_ckpt_path=None, async_save=False)
+    manager = CheckpointManager(config, tmp_path, sharded=True)
+    marker = tmp_path / "checkpoints" / "0000004.pth"
+    marker.parent.mkdir()
+    torch.save({"format": "fastgen-checkpoint", "version": 3, "iteration": 4, "layout": "sharded"}, marker)
+    with pytest.raises(CheckpointError, match=r"0000004\.dcp is missing or has no \.metadata"):
+        manager.check_layout(str(marker))

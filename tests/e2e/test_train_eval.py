@@ -1,10 +1,12 @@
 """``fastgen train --eval-samples N`` on a distillation recipe: the student's and the teacher's scores side by side
-in stdout and ``evaluation.json``; the teacher's are computed on the first run, written beside its checkpoint and
-read back (marked "cached") by the next run with the same teacher and settings."""
+in stdout and ``evaluation.json``; the teacher's are computed on the first run, written to the user's cache folder
+(``$XDG_CACHE_HOME/fastgen``; nothing beside the teacher's checkpoint) and read back (marked "cached") by the next
+run with the same teacher and settings."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from fastgen_testing import run_cli
@@ -18,6 +20,8 @@ def test_eval_samples_scores_student_and_teacher_and_caches_the_teacher(output_r
     assert teacher_run.returncode == 0, teacher_run.stderr[-2000:]
     teacher_ckpt = output_root / "fastgen" / "toy" / "eval_teacher" / "checkpoints" / "0000002.pth"
     assert teacher_ckpt.is_file()
+    beside_teacher = sorted(teacher_ckpt.parent.iterdir())
+    cache_home = Path(os.environ["XDG_CACHE_HOME"])  # the test's own (conftest), inherited by the commands
 
     def distill(name: str):  # noqa: ANN202 - a CompletedProcess and the evaluation record
         result = run_cli("train", "--config", "Toy/config_dmd2_toy", "--eval-samples", "300", "-",
@@ -31,8 +35,8 @@ def test_eval_samples_scores_student_and_teacher_and_caches_the_teacher(output_r
     assert "teacher (5 evaluations)" in first.stdout and "energy_distance" in first.stdout
     assert first_record["num_samples"] == 300 and first_record["teacher_scores_cached"] is False
     assert set(first_record["results"]) == {"student", "teacher"}
-    cache = teacher_ckpt.with_name("0000002.eval.json")
-    assert cache.is_file()
+    (cache,) = (cache_home / "fastgen" / "teacher_eval").glob("0000002-*.eval.json")
+    assert sorted(teacher_ckpt.parent.iterdir()) == beside_teacher  # nothing written beside the teacher
 
     second, second_record = distill("eval_student_2")
     assert "teacher (5 evaluations, cached)" in second.stdout and str(cache) in second.stdout.replace("\n", "")
