@@ -226,7 +226,11 @@ def test_leftover_temporary_files_are_ignored_and_cleaned() -> None:
 def test_resume_false_starts_over_and_pretrained_path_loads_weights() -> None:
     first = Trainer(tiny_toy_config("pre", max_iter=3))
     first.run()
-    fresh = Trainer(tiny_toy_config("pre", max_iter=2, resume=False))
+    # a run directory holds one run: a fresh start over another run's checkpoints is refused, nothing deleted
+    with pytest.raises(UsageError, match=r"already holds another run's checkpoints \(newest 0000003.pth\)"):
+        Trainer(tiny_toy_config("pre", max_iter=2, resume=False)).run()
+    assert first.checkpointer.path_for(3).is_file()
+    fresh = Trainer(tiny_toy_config("pre_again", max_iter=2, resume=False))
     fresh.run()
     assert fresh.start_iteration == 0
 
