@@ -21,6 +21,10 @@ Examples:
   fastgen eval digits_ema.npz
 
 \b
+  # the newest checkpoint of a run kept in S3 (its config from --config; credentials from --credentials-dir/s3.json)
+  fastgen sample s3://bucket/runs/fastgen/digits/dmd2 -c Digits/config_dmd2_digits --ema -o s3_student.npz
+
+\b
   # a distilled student's teacher with 18 Heun steps; only digit 7; on the GPU
   fastgen sample runs/dmd2_digits --teacher --steps 18 --label 7 --device cuda
 
@@ -31,7 +35,7 @@ Default OUT: RUN_DIR/samples/sample_<iteration>_<net>_n<N>_seed<S>. The same --s
 
 
 def sample(
-    checkpoint: str = typer.Argument(..., metavar="CKPT", help="A checkpoint .pth, a checkpoints folder or a run directory (newest checkpoint)."),
+    checkpoint: str = typer.Argument(..., metavar="CKPT", help="A checkpoint .pth, a checkpoints folder or a run directory (newest valid checkpoint), local or s3://; a run directory whose checkpoints are in S3 works as any other."),
     num_samples: int = typer.Option(100, "-n", "--num-samples", help="How many samples."),
     seed: int = typer.Option(0, "--seed", help="Seed of the starting noise (sample i uses its own stream)."),
     batch_size: int = typer.Option(256, "--batch-size", help="Samples per forward batch."),
@@ -42,6 +46,7 @@ def sample(
     out_path: Optional[str] = typer.Option(None, "--out", "-o", help="Output .npz path (the PNG goes next to it).", show_default=False),
     config: Optional[str] = typer.Option(None, "--config", "-c", help="Config to build the model (default: the run's config.yaml).", show_default=False),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    credentials_dir: Optional[str] = typer.Option(None, "--credentials-dir", help="Folder whose s3.json holds S3 credentials (default: the run's credentials_dir, else AWS_* variables).", show_default=False),
     log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
     """Draw samples from a checkpoint: an .npz for `fastgen eval` and a PNG grid."""
@@ -68,7 +73,7 @@ def sample(
         select_net,
     )
 
-    run = load_run(checkpoint, config=config, device=resolve_device(device))
+    run = load_run(checkpoint, config=config, device=resolve_device(device), credentials_dir=credentials_dir)
     which = "teacher" if teacher else "ema" if ema else "net"
     net = select_net(run, which)
     if out_path is None:

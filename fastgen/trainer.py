@@ -59,7 +59,14 @@ from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
 from fastgen.utils import distributed as dist_utils
 from fastgen.utils.checkpoint_manager import CheckpointManager, TrainingState, load_pretrained
-from fastgen.utils.errors import ConfigError, FastGenRuntimeError, StartUpInterrupted, TrainingInterrupted, UsageError
+from fastgen.utils.errors import (
+    CheckpointError,
+    ConfigError,
+    FastGenRuntimeError,
+    StartUpInterrupted,
+    TrainingInterrupted,
+    UsageError,
+)
 from fastgen.utils.amp import autocast
 from fastgen.utils.logging import get_logger
 from fastgen.utils.parallelize import apply_compile, parallelize, set_gradient_sync
@@ -506,12 +513,17 @@ class Trainer:
         (an unreachable bucket) raises: a run never starts fresh because it could not see its checkpoints."""
         choice: str | None = None
         if dist_utils.is_rank0():
-            latest = self.checkpoints.latest()
-            if not self.config.trainer.resume and latest is not None:
+            existing = self.checkpoints.list()
+            if not self.config.trainer.resume and existing:
                 raise UsageError(
                     f"trainer.resume=False, but {self.checkpoints.location} already holds another run's checkpoints "
-                    f"(newest {Path(latest).name}): a run directory holds one run, so give this one its own "
-                    "log_config.name, or resume that run with trainer.resume=True")
+                    f"(newest {Path(existing[-1][1]).name}): a run directory holds one run, so give this one its "
+                    "own log_config.name, or resume that run with trainer.resume=True")
+            latest = self.checkpoints.latest() if existing else None
+            if existing and latest is None:  # never start over because no checkpoint could be read
+                raise CheckpointError(
+                    f"every checkpoint in {self.checkpoints.location} is corrupt or truncated (newest "
+                    f"{Path(existing[-1][1]).name}): restore one, or start a new run (a new log_config.name)")
             if latest is None:
                 logger.debug("no valid checkpoint in %s: starting fresh", self.checkpoints.location)
             else:

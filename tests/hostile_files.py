@@ -77,7 +77,7 @@ def build_allowed_pickle() -> bytes:
     return inner + state + b"b."
 
 
-def _replace_data_pkl(base: Path, target: Path, data: bytes) -> None:
+def replace_data_pkl(base: Path, target: Path, data: bytes) -> None:
     """``target``: ``base`` (a torch zip) with its ``data.pkl`` replaced by ``data``."""
     with zipfile.ZipFile(base) as source, zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as out:
         for info in source.infolist():
@@ -116,7 +116,7 @@ def huge_pth(target: Path, numel: int = 10**12) -> None:
     torch.save({"w": torch.zeros(4)}, base)
     data = io.BytesIO()
     _HugePickler(data, numel).dump({"format": "fastgen-checkpoint", "model": {"net": {"w": _HugeTensor(numel)}}})
-    _replace_data_pkl(base, target, data.getvalue())
+    replace_data_pkl(base, target, data.getvalue())
     base.unlink()
 
 
@@ -135,13 +135,13 @@ def make_case(case: str, folder: Path, base_pth: Path, base_marker: Path, sentin
     if case == "pth_reduce":
         torch.save({"format": "fastgen-checkpoint", "iteration": 2, "model": {"net": _RunsCode(sentinel)}}, target)
     elif case == "pth_dotted_global":
-        _replace_data_pkl(base_pth, target, dotted_global_pickle("torch.serialization", sentinel))
+        replace_data_pkl(base_pth, target, dotted_global_pickle("torch.serialization", sentinel))
     elif case == "pth_stack_global_dotted":
-        _replace_data_pkl(base_pth, target, stack_global_dotted_pickle("pathlib", sentinel))
+        replace_data_pkl(base_pth, target, stack_global_dotted_pickle("pathlib", sentinel))
     elif case == "pth_reduce_allowed":
-        _replace_data_pkl(base_pth, target, reduce_allowed_pickle())
+        replace_data_pkl(base_pth, target, reduce_allowed_pickle())
     elif case == "pth_build_allowed":
-        _replace_data_pkl(base_pth, target, build_allowed_pickle())
+        replace_data_pkl(base_pth, target, build_allowed_pickle())
     elif case == "pth_huge":
         huge_pth(target)
     elif case in META_CASES:

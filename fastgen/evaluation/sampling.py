@@ -1,10 +1,11 @@
 """Draw samples from a trained method - from a checkpoint on disk or a model in memory - and save them.
 
-* ``find_checkpoint(path)`` - ``path`` is a ``.pth`` file, a checkpoints folder or a run directory (then its
-  newest checkpoint); the run's ``config.yaml`` is found next to it.
+* ``find_checkpoint(path)`` - ``path`` is a checkpoint, a checkpoints folder or a run directory (then its
+  newest valid checkpoint), local or ``s3://`` (``fastgen.utils.checkpoint_source``); the run's ``config.yaml``
+  is found next to it.
 * ``load_run(path, device)`` - builds the method exactly as training did,
   ``instantiate(config.model_class, config=config.model)``, and loads every module of ``payload["model"]``
-  strictly (``weights_only``).
+  strictly (read by the safe unpickler, ``fastgen.utils.safe_pickle``).
 * ``select_net(model, "net" | "ema" | "teacher")`` - the trained network, its first EMA copy, or the method's
   teacher (``model.teacher``, present in distillation methods).
 * ``draw_samples(model, n, seed, ...)`` - ``n`` samples in batches through the method's own
@@ -62,35 +63,13 @@ def resolve_device(spec: str = "auto") -> torch.device:
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints
-def _checkpoints_in(folder: Path) -> list[Path]:
-    from fastgen.utils.checkpointer import Checkpointer
+def find_checkpoint(path: str | os.PathLike[str], credentials_dir: str | None = None) -> tuple[str, Path | None]:
+    """``(checkpoint, config.yaml or None)`` for a checkpoint, a checkpoints folder or a run directory, local or
+    ``s3://`` (``fastgen.utils.checkpoint_source.resolve_checkpoint``: the newest valid checkpoint)."""
+    from fastgen.utils.checkpoint_source import resolve_checkpoint
 
-    return [p for _, p in Checkpointer(str(folder.resolve()), folder).list()]
-
-
-def find_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, Path | None]:
-    """``(checkpoint file, config.yaml or None)`` for a ``.pth`` file, a checkpoints folder or a run directory."""
-    target = Path(path).expanduser()
-    if not target.exists():
-        raise UsageError(f"checkpoint not found: {target}")
-    if target.is_file():
-        candidates = [target.parent / "config.yaml", target.parent.parent / "config.yaml"]
-        return target, next((c for c in candidates if c.is_file()), None)
-    config_yaml = target / "config.yaml"
-    if config_yaml.is_file():  # a run directory: its checkpointer's folder, as configured
-        from fastgen.configs.config_utils import load_config
-        from fastgen.utils.checkpointer import Checkpointer
-
-        save_dir = load_config(config_yaml).trainer.checkpointer.save_dir
-        found = Checkpointer(save_dir, target).latest() or (_checkpoints_in(target) or [None])[-1]
-        if found is None:
-            raise UsageError(f"no checkpoint (NNNNNNN.pth) in run directory {target}")
-        return found, config_yaml
-    found_list = _checkpoints_in(target)
-    if not found_list:
-        raise UsageError(f"no checkpoint (NNNNNNN.pth) in {target}")
-    parent_yaml = target.parent / "config.yaml"
-    return found_list[-1], parent_yaml if parent_yaml.is_file() else None
+    resolved = resolve_checkpoint(path, credentials_dir)
+    return resolved.checkpoint, resolved.config_yaml
 
 
 @dataclass
@@ -99,19 +78,21 @@ class LoadedRun:
 
     model: Any
     config: Any
-    checkpoint: Path
+    checkpoint: str  # a local path or an s3:// URL
     config_path: Path | None
     iteration: int
     loaded: set[str]  # names of the modules whose weights came from the checkpoint
 
     @property
     def run_dir(self) -> Path:
+        """Where outputs about the run go by default: its (local) run directory; for a bare S3 checkpoint, the
+        working directory."""
         if self.config_path is not None:
             return self.config_path.parent
-        return self.checkpoint.parent
+        return Path.cwd() if self.checkpoint.startswith("s3://") else Path(self.checkpoint).parent
 
 
-def load_model_weights(model: Any, payload: dict[str, Any], path: Path) -> set[str]:
+def load_model_weights(model: Any, payload: dict[str, Any], path: str | Path) -> set[str]:
     """Load each module of ``payload["model"]`` into ``model.model_dict`` strictly; return the loaded names."""
     from fastgen.utils.parallelize import load_full_state_dict
 
@@ -129,24 +110,29 @@ def load_model_weights(model: Any, payload: dict[str, Any], path: Path) -> set[s
     return loaded
 
 
-def load_run(path: str | os.PathLike[str], config: Any = None, device: torch.device | str = "cpu") -> LoadedRun:
+def load_run(path: str | os.PathLike[str], config: Any = None, device: torch.device | str = "cpu",
+             credentials_dir: str | None = None) -> LoadedRun:
     """Rebuild the method of a run and load a checkpoint into it.
 
-    ``config``: a ``BaseConfig`` or anything ``load_config`` accepts; default the run's ``config.yaml``."""
+    ``config``: a ``BaseConfig`` or anything ``load_config`` accepts; default the run's ``config.yaml``.
+    ``path``: a checkpoint, checkpoints folder or run directory, local or ``s3://`` (``resolve_checkpoint``)."""
     from fastgen.configs.config_utils import load_config
     from fastgen.configs.instantiate import instantiate
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.utils.checkpoint_source import read_resolved, resolve_checkpoint
 
-    checkpoint, config_yaml = find_checkpoint(path)
+    resolved = resolve_checkpoint(path, credentials_dir)
+    checkpoint, config_yaml = resolved.checkpoint, resolved.config_yaml
     if config is None:
         if config_yaml is None:
-            raise UsageError(f"no config.yaml next to {checkpoint} (looked in {checkpoint.parent} and its parent); "
-                             "pass --config")
+            where = ("an S3 prefix holds no config.yaml" if resolved.is_s3
+                     else f"looked in {Path(checkpoint).parent} and its parent")
+            raise UsageError(f"no config.yaml for {checkpoint} ({where}); pass --config (the run's config.yaml "
+                             "or its recipe)")
         config = load_config(config_yaml)
     elif not hasattr(config, "model_class"):
         config = load_config(config)
     config.model.meta_init = False  # real tensors: the checkpoint overwrites them at once
-    payload = load_checkpoint(checkpoint)
+    payload = read_resolved(resolved)
     model = instantiate(config.model_class, config=config.model)
     from fastgen.utils.lora_utils import is_adapted
 

@@ -51,9 +51,9 @@ def load_weights(module: nn.Module, state: dict[str, torch.Tensor], path: object
 def load_network_state(path: str, key: str = "auto") -> dict[str, torch.Tensor]:
     """A network's state dict from a fastgen checkpoint (module ``key``; ``auto`` prefers the first EMA network,
     which is what a trained model is evaluated with) or from a bare state-dict file: teachers, initial students."""
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.utils.checkpoint_store import read_whole_checkpoint
 
-    modules = load_checkpoint(path).get("model", {})
+    modules = read_whole_checkpoint(path, None).get("model", {})  # local, or s3:// (credentials: AWS_* variables)
     if key == "auto":
         ema_keys = [name for name in modules if name.startswith("ema")]
         key = ema_keys[0] if ema_keys else "net"
@@ -135,10 +135,10 @@ class DistillationModel(FastGenModel):
         source = getattr(self.config, "student_ckpt", None)
         if not source:
             return
-        from fastgen.evaluation.sampling import find_checkpoint
+        from fastgen.utils.checkpoint_source import resolve_checkpoint
 
         try:
-            path, _ = find_checkpoint(source)
+            path = resolve_checkpoint(source).checkpoint
         except UsageError as exc:
             raise UsageError(f"model.student_ckpt: {exc} (train the run it names first, or point it at another "
                              "checkpoint, checkpoints folder or run directory)") from None

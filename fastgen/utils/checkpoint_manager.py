@@ -125,8 +125,9 @@ class CheckpointManager:
         return self.store.list()
 
     def latest(self) -> str | None:
-        found = self.store.list()
-        return found[-1][1] if found else None
+        """The newest valid checkpoint (``Checkpointer.newest_valid``: an incomplete newer one is skipped with a
+        warning)."""
+        return self.store.newest_valid()
 
     def prepare(self) -> None:
         """Rank 0, before training: the folder is writable, or the bucket answers with these credentials."""

@@ -60,6 +60,10 @@ class LocalStore:
     def list(self) -> list[tuple[int, str]]:
         return [(iteration, str(path)) for iteration, path in self.files.list()]
 
+    def newest_valid(self) -> str | None:
+        found = self.files.newest_valid()
+        return None if found is None else str(found)
+
     def marker(self, iteration: int) -> str:
         return str(self.files.path_for(iteration))
 
@@ -134,6 +138,11 @@ class S3Store:
 
     def list(self) -> list[tuple[int, str]]:
         return [(found.iteration, found.marker.url) for found in self.s3.scan_checkpoints(self.storage, self.prefix).valid]
+
+    def newest_valid(self) -> str | None:
+        """The newest marker: objects appear whole or not at all."""
+        found = self.list()
+        return found[-1][1] if found else None
 
     def marker(self, iteration: int) -> str:
         return self.s3.checkpoint_marker(self.prefix, iteration).url

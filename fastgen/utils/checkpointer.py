@@ -113,6 +113,18 @@ class Checkpointer:
         found = self.list()
         return found[-1][1] if found else None
 
+    def newest_valid(self) -> Path | None:
+        """The newest checkpoint whose ``.pth`` is whole (its zip directory reads). Saves are atomic, so only
+        damage from outside (a truncating copy, a full disk during a copy) makes one incomplete; it is skipped
+        with a warning naming it, and the one before it is used - by training's resume and by every command
+        (``fastgen.utils.checkpoint_source``)."""
+        for _, path in reversed(self.list()):
+            if looks_complete(path):
+                return path
+            logger.warning("skipping checkpoint %s: it is truncated or not a whole torch file; using the one "
+                           "before it", path)
+        return None
+
     def save(self, payload: dict[str, Any], iteration: int) -> Path:
         return self.save_with(lambda handle: torch.save(payload, handle), iteration)
 

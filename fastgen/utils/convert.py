@@ -756,6 +756,7 @@ def convert_checkpoint(src: str, dst: str, to: str | None = None, only: str | No
     if dtype is not None and dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype}: expected one of {', '.join(DTYPES)}")
     fmt = format_for(dst, to)
+    src, credentials_dir = _resolve_folder_source(src, credentials_dir)
     with tempfile.TemporaryDirectory(prefix="fastgen-convert-") as scratch:
         storage = None
         if _is_s3(src) or _is_s3(dst):
@@ -832,17 +833,27 @@ def _write(destination: Destination, fmt: str, tree: dict[str, Any], leaves: lis
 
 
 # ---------------------------------------------------------------------------------------------- sources on disk
+def _resolve_folder_source(src: str, credentials_dir: Any) -> tuple[str, Any]:
+    """A local checkpoints folder or run directory becomes its newest valid checkpoint - which is an ``s3://`` one
+    for a run that kept its checkpoints in S3 (then with the run's ``credentials_dir`` unless one was given).
+    Everything else is returned as it is."""
+    if _is_s3(src):
+        return src, credentials_dir
+    path = Path(src).expanduser()
+    if not path.is_dir() or path.suffix == ".dcp":
+        return src, credentials_dir
+    from fastgen.utils.checkpoint_source import resolve_checkpoint
+
+    resolved = resolve_checkpoint(path, None if credentials_dir is None else os.fspath(credentials_dir))
+    return resolved.checkpoint, credentials_dir if credentials_dir is not None else resolved.credentials_dir
+
+
 def _resolve_local_source(src: str) -> Path:
-    """A checkpoint file or ``.dcp`` folder for SRC: itself, or the newest valid checkpoint of a checkpoints
-    folder or run directory."""
+    """A checkpoint file or ``.dcp`` folder for SRC (folders were resolved by ``_resolve_folder_source``)."""
     path = Path(src).expanduser()
     if not path.exists():
         raise UsageError(f"checkpoint not found: {path}")
-    if path.is_file() or path.suffix == ".dcp":
-        return path
-    from fastgen.evaluation.sampling import find_checkpoint
-
-    return find_checkpoint(path)[0]
+    return path
 
 
 def _source_name(src: str, local: Path) -> str:

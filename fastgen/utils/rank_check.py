@@ -284,25 +284,38 @@ def checkpoint_tensors(payload: Any, prefix: str = "") -> dict[str, torch.Tensor
     return out
 
 
-def check_checkpoint_path(path: str) -> Path:
-    """``path`` as a ``Path``; ``UsageError`` when there is nothing there, or a folder."""
-    source = Path(path)
-    if not source.exists():
+def check_checkpoint_path(path: str) -> str:
+    """The checkpoint ``path`` names - itself, or the newest valid one of a checkpoints folder or run directory,
+    local or ``s3://`` (``fastgen.utils.checkpoint_source``); ``UsageError`` when it names nothing."""
+    from fastgen.utils.checkpoint_source import resolve_checkpoint
+
+    if not path.startswith("s3:") and not Path(path).exists():
         raise UsageError(f"--checkpoint {path}: no such file")
-    if source.is_dir():
-        raise UsageError(f"--checkpoint {path} is a folder: give a checkpoint file in it, e.g. "
-                         f"{source / 'checkpoints' / '0001000.pth'}")
-    return source
+    if not path.startswith("s3:") and not Path(path).is_dir():
+        return path  # a file, or a FIFO / device (read_checkpoint copies those)
+    try:
+        return resolve_checkpoint(path).checkpoint
+    except UsageError as exc:
+        raise UsageError(f"--checkpoint {path}: {exc}") from None
 
 
 def read_checkpoint(path: str) -> dict[str, Any]:
-    """This rank's own read of ``path`` (``load_checkpoint``: safe loading, clear errors). A FIFO or a device is
-    copied to a temporary file first, as ``torch.load`` needs to seek."""
+    """This rank's own read of ``path`` (safe loading, clear errors; a folder, run directory or ``s3://`` source
+    as ``check_checkpoint_path`` resolves it). A FIFO or a device is copied to a temporary file first, as
+    ``torch.load`` needs to seek."""
+    from fastgen.utils.checkpoint_store import read_whole_checkpoint
     from fastgen.utils.checkpointer import load_checkpoint
 
-    source = check_checkpoint_path(path)
+    resolved = check_checkpoint_path(path)
+    if resolved.startswith("s3://"):
+        return read_whole_checkpoint(resolved, None)
+    source = Path(resolved)
     if source.is_file():
         return load_checkpoint(source)
+    if source.is_dir():  # a .dcp folder: through the marker beside it
+        from fastgen.utils.checkpoint_source import ResolvedCheckpoint, read_resolved
+
+        return read_resolved(ResolvedCheckpoint(resolved, None))
     with open(source, "rb") as handle, tempfile.NamedTemporaryFile(suffix=".pth") as copy:
         shutil.copyfileobj(handle, copy)
         copy.flush()

@@ -303,7 +303,7 @@ def test_sample_missing_checkpoint_and_ema_without_ema(runs: dict[str, Path], tm
     assert "Traceback" not in missing.stderr
     empty = tmp_path / "empty_dir"
     empty.mkdir()
-    _one_line_error(fastgen(capsys, "sample", str(empty)), "no checkpoint")
+    _one_line_error(fastgen(capsys, "sample", str(empty)), "no valid checkpoint")
     # A config without EMA: the run's checkpoint no longer fits (strict loading; a checkpoint error, exit 1) ...
     config = runs["toy"] / "config.yaml"
     no_ema_config = tmp_path / "no_ema" / "config.yaml"

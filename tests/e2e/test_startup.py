@@ -191,14 +191,35 @@ def test_ctrl_c_while_resuming_leaves_the_run_as_it_was(output_root: Path, tmp_p
 
 
 # ---- resume failures leave the existing run untouched -------------------------------------------------------------
+def test_a_truncated_newest_checkpoint_is_skipped_with_a_warning(output_root: Path, tmp_path: Path) -> None:
+    """The README's rule, the same as sample's and convert-ckpt's: a run resumes from its newest *valid*
+    checkpoint; a truncated newer one is named in a warning and skipped."""
+    first = run_cli("train", "-c", "Toy/config_sft_toy", "-", *TINY, "trainer.max_iter=4",
+                    "trainer.save_ckpt_iter=2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    newest = output_root / "fastgen" / "toy" / "config_sft_toy" / "checkpoints" / "0000004.pth"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    result = run_cli("train", "-c", "Toy/config_sft_toy", "-", *TINY, "trainer.max_iter=6",
+                     "trainer.save_ckpt_iter=2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "skipping checkpoint" in result.stderr and "0000004.pth" in result.stderr, result.stderr
+    assert "resumed from" in result.stderr and "0000002.pth (iteration 2)" in result.stderr, result.stderr
+
+
 def test_corrupt_newest_checkpoint_names_the_previous_one_and_changes_nothing(output_root: Path,
                                                                                tmp_path: Path) -> None:
+    """A newest checkpoint that is a whole zip but does not load (its pickle is damaged) is an error that names the
+    complete one before it; nothing is changed."""
+    from hostile_files import replace_data_pkl
+
     first = run_cli("train", "-c", "Toy/config_sft_toy", "-", *TINY, "trainer.max_iter=4",
                     "trainer.save_ckpt_iter=2", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     run_dir = output_root / "fastgen" / "toy" / "config_sft_toy"
     newest = run_dir / "checkpoints" / "0000004.pth"
-    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    damaged = tmp_path / "damaged.pth"
+    replace_data_pkl(newest, damaged, b"\x80\x02}q\x00(X")  # a pickle cut off after a few opcodes
+    damaged.replace(newest)
     before = snapshot(output_root)
     result = run_cli("train", "-c", "Toy/config_sft_toy", "-", *TINY, "trainer.max_iter=6",
                      "trainer.save_ckpt_iter=2", cwd=tmp_path)

@@ -43,10 +43,14 @@ def test_balanced_and_fixed_labels() -> None:
 def test_find_checkpoint_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="checkpoint not found"):
         find_checkpoint(tmp_path / "nope.pth")
-    with pytest.raises(UsageError, match="no checkpoint"):
+    with pytest.raises(UsageError, match="no valid checkpoint"):
         find_checkpoint(tmp_path)
+    with pytest.raises(UsageError, match="starts with s3:// \\(two slashes\\)"):
+        find_checkpoint("s3:/bucket/run")
     (tmp_path / "checkpoints").mkdir()
-    for name in ("0000002.pth", "0000010.pth", ".0000011.pth.x.tmp"):
+    for name in ("0000002.pth", "0000010.pth"):
+        torch.save({}, tmp_path / "checkpoints" / name)
+    for name in ("0000012.pth", ".0000011.pth.x.tmp"):  # a truncated newest (skipped with a warning), a temporary
         (tmp_path / "checkpoints" / name).write_bytes(b"")
     found, config = find_checkpoint(tmp_path / "checkpoints")
-    assert found.name == "0000010.pth" and config is None  # no config.yaml: load_run asks for --config
+    assert Path(found).name == "0000010.pth" and config is None  # no config.yaml: load_run asks for --config

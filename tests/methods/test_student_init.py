@@ -58,7 +58,7 @@ def test_student_ckpt_errors_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"model\.student_ckpt: checkpoint not found"):
         build(toy_dmd2(student_ckpt=str(tmp_path / "missing")))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(UsageError, match=r"model\.student_ckpt: no checkpoint"):
+    with pytest.raises(UsageError, match=r"model\.student_ckpt: no valid checkpoint"):
         build(toy_dmd2(student_ckpt=str(tmp_path / "empty")))
     run_dir = trained_run("other_width")
     with pytest.raises(CheckpointError, match="do not fit model.net"):
