@@ -21,7 +21,7 @@ from s3server import s3_server  # noqa: F401 - the SeaweedFS session fixture, on
 # at 6f7262a): `make test` hands each worker a file at a time (--dist loadfile, in this order with
 # --no-loadscope-reorder), and a long file started last leaves the other worker idle while it runs.
 LONGEST_FIRST = {
-    "e2e/test_hostile_checkpoints.py": 250, "e2e/test_hostile_checkpoints_s3.py": 110,
+    "e2e/test_hostile_checkpoints.py": 250, "e2e/test_hostile_checkpoints_s3.py": 110, "e2e/test_s3_run_dirs.py": 75,
     "e2e/test_quickstart.py": 143, "distributed/test_multirank_training.py": 140,
     "distributed/test_sharded_checkpoints.py": 130, "e2e/test_check_ranks.py": 75, "e2e/test_startup.py": 70,
     "evaluation/test_teacher_cache.py": 70, "networks/test_compile.py": 65, "configs/test_recipes.py": 64,

@@ -89,6 +89,32 @@ class FailOn(Callback):
             time.sleep(self.linger_s)
 
 
+class FailDuringAsyncSave(Callback):
+    """Raise ``ValueError`` on ``rank`` right after the save of ``iteration`` was started (``on_save_checkpoint_end``:
+    with ``trainer.checkpointer.async_save`` its write is still in flight on every rank)."""
+
+    def __init__(self, rank: int = 1, iteration: int = 4, slow_write_s: float = 0.0) -> None:
+        self.rank, self.iteration, self.slow_write_s = rank, iteration, slow_write_s
+
+    def on_save_checkpoint_start(self, model: Any, iteration: int = 0) -> None:
+        """``slow_write_s``: every rank's write of this save takes that long (the shards of a large model), so the
+        failure surely comes while it is in flight."""
+        if iteration == self.iteration and self.slow_write_s:
+            from torch.distributed.checkpoint import FileSystemWriter
+
+            original, pause = FileSystemWriter.write_data, self.slow_write_s
+
+            def slow_write_data(writer: Any, plan: Any, planner: Any) -> Any:
+                time.sleep(pause)
+                return original(writer, plan, planner)
+
+            FileSystemWriter.write_data = slow_write_data  # this process only, for the rest of the run
+
+    def on_save_checkpoint_end(self, model: Any, iteration: int = 0) -> None:
+        if iteration == self.iteration and dist_utils.get_rank() == self.rank:
+            raise ValueError(f"boom on rank {self.rank} during the async save of iteration {iteration}")
+
+
 class FailAtStartUp(Callback):
     """At start-up (``on_model_init_start``, after the run directory exists) raise ``ConfigError`` on ``rank``
     (``rank=-2``: on every rank); every other rank writes ``<folder>/starting<rank>`` and sleeps ``pause_s`` there

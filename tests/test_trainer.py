@@ -364,3 +364,51 @@ def test_bad_input_keeps_a_run_directory_it_did_not_create_or_that_trained() -> 
     with pytest.raises(UsageError):
         trained.run()
     assert trained.iteration == 1 and (trained.run_dir / "config.yaml").is_file()
+
+
+class SlowWrites(Callback):
+    """Holds up the background writer of the save at ``iteration`` until training has taken ``steps`` more steps,
+    so an asynchronous save's tensors are written after training changed the live ones."""
+
+    def __init__(self, iteration: int = 3, steps: int = 2) -> None:
+        self.iteration, self.steps = iteration, steps
+        import threading
+
+        self.release = threading.Event()
+
+    def on_save_checkpoint_start(self, model, iteration: int = 0) -> None:  # noqa: ANN001
+        if iteration == self.iteration:
+            import fastgen.utils.checkpoint_store as store
+
+            original, release = store.torch_save_to, self.release
+
+            def held(payload):  # noqa: ANN001, ANN202
+                write = original(payload)
+                return lambda handle: (release.wait(30), write(handle))
+
+            store.torch_save_to = held  # for this save only: restored below
+            self._restore = (store, original)
+
+    def on_save_checkpoint_end(self, model, iteration: int = 0) -> None:  # noqa: ANN001
+        if iteration == self.iteration:
+            store, original = self._restore
+            store.torch_save_to = original
+
+    def on_training_step_end(self, model, data_batch, output_batch, loss_dict, iteration: int = 0) -> None:  # noqa: ANN001
+        if iteration == self.iteration + self.steps:
+            self.release.set()
+
+
+def test_an_async_monolithic_save_writes_the_state_of_its_iteration() -> None:
+    """The background writer gets its own host copy of every tensor (one, ``full_state_dict(copy=True)``): its
+    file equals a synchronous save of the same iteration even when training moved on before it was written."""
+    sync = Trainer(tiny_toy_config("sync_save", max_iter=6))
+    sync.run()
+    config = tiny_toy_config("async_save", max_iter=6)
+    config.trainer.checkpointer.async_save = True
+    held = Trainer(config, extra_callbacks={"slow_writes": SlowWrites(iteration=3, steps=2)})
+    held.run()
+    from fastgen_testing import assert_same_tree, state_tensors
+
+    assert_same_tree(state_tensors(load_checkpoint(held.checkpointer.path_for(3))),
+                     state_tensors(load_checkpoint(sync.checkpointer.path_for(3))))

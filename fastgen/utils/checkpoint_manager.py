@@ -62,6 +62,7 @@ from fastgen.utils.logging import get_logger
 from fastgen.utils.parallelize import (
     full_optimizer_state_dict,
     full_state_dict,
+    has_sharded_parameters,
     load_full_optimizer_state_dict,
     load_full_state_dict,
 )
@@ -208,19 +209,25 @@ class CheckpointManager:
         }
 
     def _save_monolithic(self, state: TrainingState, extras: dict[str, Any], marker: Path) -> None:
+        """Only rank 0 builds the full host state, once: a monolithic (non-FSDP) run's networks are whole on
+        every rank, so the other ranks have nothing to contribute (unless a network is sharded after all, when
+        gathering it is a collective every rank joins). An asynchronous save builds it as copies training cannot
+        change - the one copy, not a gather and then a clone of it."""
         model = state.model
         trained = model.trainable_modules
-        payload = {
-            **extras,
-            "model": {name: full_state_dict(module) for name, module in model.model_dict.items()},
-            "optimizers": {name: full_optimizer_state_dict(trained[name], opt)
-                           for name, opt in model.optimizer_dict.items()},
-        }
+        payload: dict[str, Any] = {}
+        gathers = any(has_sharded_parameters(module) for module in model.model_dict.values())
+        if dist_utils.is_rank0() or gathers:
+            copy = self.async_save
+            payload = {
+                **(_host_copy(extras) if copy else extras),  # small: random streams, callback / loader state
+                "model": {name: full_state_dict(module, copy=copy) for name, module in model.model_dict.items()},
+                "optimizers": {name: full_optimizer_state_dict(trained[name], opt, copy=copy)
+                               for name, opt in model.optimizer_dict.items()},
+            }
         if not dist_utils.is_rank0():
             payload = {}
         if self.async_save:
-            if dist_utils.is_rank0():
-                payload = _host_copy(payload)
             self._pending = _PendingSave(self, marker, writer=lambda: self.store.write(state.iteration,
                                                                                          torch_save_to(payload)))
             return

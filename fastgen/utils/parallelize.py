@@ -291,12 +291,13 @@ def _options(**kwargs: Any) -> Any:
     return StateDictOptions(full_state_dict=True, **kwargs)
 
 
-def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(module: nn.Module, copy: bool = False) -> dict[str, torch.Tensor]:
     """The module's full state on CPU (gathered from its shards when sharded: a collective - every rank calls it;
     ranks other than 0 get an empty dict when sharded). A LoRA-adapted network's state is its adapter's only
-    (``fastgen.utils.lora_utils``: the frozen base is rebuilt from its source, not saved again)."""
+    (``fastgen.utils.lora_utils``: the frozen base is rebuilt from its source, not saved again). ``copy``: tensors
+    that training cannot change afterwards (an asynchronous save) - one host copy, never two."""
     if not has_sharded_parameters(module):
-        state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+        state = {k: v.detach().to("cpu", copy=copy) for k, v in module.state_dict().items()}
     else:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -326,16 +327,18 @@ def load_full_state_dict(module: nn.Module, state: dict[str, torch.Tensor], stri
     set_model_state_dict(module, state, options=_options(strict=strict))
 
 
-def full_optimizer_state_dict(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def full_optimizer_state_dict(module: nn.Module, optimizer: torch.optim.Optimizer, copy: bool = False) -> dict[str, Any]:
     """The optimizer's state keyed by parameter name (``{"state": {name: ...}, "param_groups": [{"params":
-    [name, ...], ...}]}``, torch's distributed format), full tensors on CPU (a collective when sharded)."""
+    [name, ...], ...}]}``, torch's distributed format), full tensors on CPU (a collective when sharded);
+    ``copy`` as in ``full_state_dict``."""
     if has_sharded_parameters(module):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         return get_optimizer_state_dict(module, optimizer, options=_options(cpu_offload=True))
     names = _parameter_names(module, optimizer)
     plain = optimizer.state_dict()
-    state = {names[index]: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in value.items()}
+    state = {names[index]: {k: v.detach().to("cpu", copy=copy) if isinstance(v, torch.Tensor) else v
+                            for k, v in value.items()}
              for index, value in plain["state"].items()}
     groups = [{**group, "params": [names[i] for i in group["params"]]} for group in plain["param_groups"]]
     return {"state": state, "param_groups": groups}

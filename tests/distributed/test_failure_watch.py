@@ -137,3 +137,22 @@ def test_a_rank_raising_its_own_disterror_stops_every_rank_long_before_the_timeo
     assert len(errors) == 1, result.stderr[-3000:]
     assert "rank 1: DistError: boom on rank 1" in errors[0], errors[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_rank_failing_during_an_async_sharded_save_ends_the_job_and_keeps_the_previous_checkpoint(
+        output_root: Path, tmp_path: Path) -> None:
+    """Rank 1 fails while the FSDP save of iteration 4 is still being written in the background. The job ends well
+    before ``dist_timeout_s`` (no rank waits at exit for a save that needs the rank that failed), no marker is
+    written for the abandoned save, and the save of iteration 2 stays the newest valid checkpoint."""
+    probe = "+trainer.callbacks.fail={_target_:rank_probes.FailDuringAsyncSave,rank:1,iteration:4,slow_write_s:60}"
+    result = fastgen("train", "--nproc-per-node", "2", "-c", "Toy/config_sft_toy", "-", "trainer.fsdp=True",
+                     "trainer.checkpointer.async_save=True", "trainer.save_ckpt_iter=2", "trainer.max_iter=10",
+                     "trainer.dist_timeout_s=120", "log_config.name=async_fail", probe, cwd=tmp_path, timeout=100)
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "boom on rank 1 during the async save" in errors[0], result.stderr[-3000:]
+    checkpoints = output_root / "fastgen" / "toy" / "async_fail" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("*.pth")) == ["0000002.pth"]
+    from fastgen.utils.checkpointer import load_checkpoint
+
+    assert load_checkpoint(checkpoints / "0000002.pth")["iteration"] == 2  # whole and loadable
