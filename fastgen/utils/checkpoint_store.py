@@ -81,7 +81,7 @@ class LocalStore:
         """``whole``: ``load_checkpoint`` (a monolithic checkpoint, or a sharded one assembled); else the marker's
         own dict."""
         if whole:
-            return load_checkpoint(marker)
+            return load_checkpoint(marker, mmap=True)  # a resume: one read per node (load_checkpoint)
         return _load_marker_file(Path(marker), marker)
 
     def previous_complete(self, marker: str) -> str | None:

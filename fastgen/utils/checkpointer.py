@@ -155,13 +155,17 @@ def iterations_to_prune(valid: list[int], written: int, keep_last_n: int) -> lis
     return [iteration for iteration in ordered[: max(len(ordered) - keep_last_n, 0)] if iteration not in protected]
 
 
-def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a fastgen checkpoint safely (``fastgen.utils.safe_pickle``, CPU); raise ``CheckpointError`` if unusable."""
+def load_checkpoint(path: str | os.PathLike[str], mmap: bool = False) -> dict[str, Any]:
+    """Load a fastgen checkpoint safely (``fastgen.utils.safe_pickle``, CPU); raise ``CheckpointError`` if unusable.
+
+    ``mmap``: map the file instead of reading it - what a resume does, so the ranks of a node resuming from one
+    file share its pages in the page cache (one read per node). The tensors then stay backed by the file: never
+    write the same path in place while they are alive (fastgen's own saves replace files by renaming)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        payload = torch_load(path)
+        payload = torch_load(path, mmap=mmap)
     except CorruptFileError as exc:
         raise CorruptCheckpointError(path, exc.reason) from None
     if isinstance(payload, dict) and payload.get("format") == FORMAT and payload.get("layout") == "sharded":
