@@ -528,7 +528,7 @@ class Trainer:
                 logger.debug("no valid checkpoint in %s: starting fresh", self.checkpoints.location)
             else:
                 logger.debug("resuming from %s: the newest of %d valid checkpoint(s) in %s", Path(latest).name,
-                             len(self.checkpoints.list()), self.checkpoints.location)
+                             len(existing), self.checkpoints.location)
             choice = latest
         chosen = dist_utils.broadcast_object(choice)
         return None if chosen is None else str(chosen)

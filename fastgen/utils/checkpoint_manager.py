@@ -57,7 +57,7 @@ import torch
 from fastgen.utils import distributed as dist_utils
 from fastgen.utils.checkpoint_store import torch_save_to
 from fastgen.utils.checkpointer import FORMAT, CorruptCheckpointError
-from fastgen.utils.errors import CheckpointError
+from fastgen.utils.errors import CheckpointError, first_line
 from fastgen.utils.logging import get_logger
 from fastgen.utils.parallelize import (
     full_optimizer_state_dict,
@@ -581,7 +581,6 @@ def _first_line(exc: BaseException | None) -> str:
         text = str(inner).strip()
         last = text.splitlines()[-1] if text else type(inner).__name__
         return f"rank {rank}: {last[:300]}"
-    text = str(exc).strip() if exc is not None else ""
-    return text.splitlines()[0][:300] if text else type(exc).__name__
+    return first_line(exc)[:300] if exc is not None else "NoneType"
 
 

@@ -33,7 +33,7 @@ from fastgen.utils.checkpointer import (
     iterations_to_prune,
     load_checkpoint,
 )
-from fastgen.utils.errors import ConfigError
+from fastgen.utils.errors import ConfigError, first_line
 from fastgen.utils.io import check_writable_dir
 from fastgen.utils.logging import get_logger
 from fastgen.utils.safe_pickle import CorruptFileError, torch_load
@@ -176,7 +176,7 @@ class S3Store:
         except Exception as exc:  # noqa: BLE001 - a storage error of any kind: the save itself succeeded
             logger.warning("checkpoint %s is saved, but removing older ones under %s (keep_last_n=%s) failed: %s; "
                            "training goes on", self.s3.checkpoint_marker(self.prefix, written).url, self.location,
-                           self.keep_last_n, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+                           self.keep_last_n, first_line(exc))
 
     def read(self, marker: str, whole: bool) -> dict[str, Any]:
         location = self.s3.S3Location.parse(marker)

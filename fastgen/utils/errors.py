@@ -9,6 +9,13 @@ the command line prints only that line unless ``FASTGEN_DEBUG=1``.
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's text (its type's name when it has none): what goes into a one-line
+    message that wraps another error."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class FastGenError(Exception):
     """Base class of the errors fastgen raises on purpose (expected failures with a clear message)."""
 

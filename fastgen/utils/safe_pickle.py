@@ -26,7 +26,7 @@ import sys
 import zipfile
 from typing import IO, Any
 
-from fastgen.utils.errors import CheckpointError
+from fastgen.utils.errors import CheckpointError, first_line
 
 # torch's dtypes as pickles name them (``torch.float32``...): DCP's metadata records each tensor's dtype.
 _DTYPES = ("float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "uint16",
@@ -140,7 +140,7 @@ def torch_load(source: str | os.PathLike[str] | IO[bytes], *, what: str | None =
     except UnsafePickleError as exc:
         raise CheckpointError(f"{label} is not a checkpoint fastgen loads: {exc}; it was not loaded") from None
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, zipfile errors, ...
-        raise CorruptFileError(label, _first_line(exc)) from None
+        raise CorruptFileError(label, first_line(exc).rstrip(".")[:300]) from None
 
 
 class CorruptFileError(CheckpointError):
@@ -149,9 +149,4 @@ class CorruptFileError(CheckpointError):
     def __init__(self, label: str, reason: str) -> None:
         self.label, self.reason = label, reason
         super().__init__(f"{label} is corrupt, truncated or not a torch file ({reason})")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0].rstrip(".")[:300] if text else type(exc).__name__
 
