@@ -344,6 +344,7 @@ class Trainer:
         cb.on_load_checkpoint_start(model)
         checkpoint_path, payload = self._load_checkpoint(model, resume_from)
         cb.on_load_checkpoint_end(model, iteration=self.iteration, checkpoint_path=checkpoint_path)
+        model.prepare_training_data()
         cb.on_dataloader_init_start(model)
         self._build_dataloaders()
         cb.on_dataloader_init_end(model, dataloader_train=self.dataloader_train, dataloader_val=self.dataloader_val)
@@ -458,9 +459,7 @@ class Trainer:
         else:
             model = instantiate(self.config.model_class, config=self.config.model)
             model.to(self.device)
-            if fresh or _adapted(model):  # a LoRA base is never in the checkpoint: rebuilt from its source
-                model.init_weights()
-                self._load_pretrained(model)
+            self._init_weights(model, fresh)
             parallelize(model, self.config.trainer, self.mesh)
         apply_compile(model)
         model.train()
@@ -491,20 +490,28 @@ class Trainer:
             with dist_utils.local_only():  # the real build is rank 0's alone: no collectives inside it
                 seed_everything(self.config.trainer.seed)
                 source = instantiate(self.config.model_class, config=self.config.model)
-                if fresh or _adapted(source):
-                    source.init_weights()
-                    self._load_pretrained(source)
+                self._init_weights(source, fresh)
         broadcast_full_weights(model, source)
         del source
         if not sharded_first:
             parallelize(model, self.config.trainer, self.mesh)
         return model
 
-    def _load_pretrained(self, model: Any) -> None:
+    def _init_weights(self, model: Any, fresh: bool) -> None:
+        """A fresh run's initial weights; on a resume only what checkpoints leave out, rebuilt from its source:
+        the frozen networks (a teacher; the checkpoint's fingerprint then checks it) and a LoRA base."""
+        if fresh or _adapted(model):  # a LoRA base is never in the checkpoint: rebuilt from its source
+            model.init_weights()
+            self._load_pretrained(model)
+        elif getattr(model, "rebuilt_modules", None):
+            model.init_frozen_weights()
+            self._load_pretrained(model, frozen_only=True)
+
+    def _load_pretrained(self, model: Any, frozen_only: bool = False) -> None:
         path = self.config.trainer.checkpointer.pretrained_ckpt_path
         if path:
-            load_pretrained(model, path, self.config.credentials_dir)
-            logger.info("initialised weights from %s", path)
+            load_pretrained(model, path, self.config.credentials_dir, frozen_only=frozen_only)
+            logger.info("initialised %sweights from %s", "frozen " if frozen_only else "", path)
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
     def _choose_checkpoint(self) -> str | None:

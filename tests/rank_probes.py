@@ -269,3 +269,34 @@ class CompileStats(Callback):
 
         record = {"unique_graphs": int(counters["stats"]["unique_graphs"])}
         Path(f"{self.prefix}.rank{dist_utils.get_rank()}.json").write_text(json.dumps(record))
+
+
+class CountHostCopies(Callback):
+    """Each rank appends a line to ``<folder>/copies<rank>`` for every full host copy of a network or optimizer
+    state it builds (``full_state_dict``, ``full_optimizer_state_dict``: at saves and EMA snapshots) and for every
+    checkpoint object it downloads from S3 (``S3Storage.download_file``), from the start of the run."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_app_begin(self) -> None:
+        import fastgen.utils.checkpoint_manager as manager
+        import fastgen.utils.parallelize as parallelize
+        from fastgen.utils.s3 import S3Storage
+
+        out = self.folder / f"copies{dist_utils.get_rank()}"
+
+        def counted(name: str, function: Any) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                with out.open("a") as handle:
+                    handle.write(f"{name} {args[0] if name == 'download' else ''}\n")
+                return function(*args, **kwargs)
+            return wrapper
+
+        for module in (manager, parallelize):
+            for name in ("full_state_dict", "full_optimizer_state_dict"):
+                if hasattr(module, name):
+                    setattr(module, name, counted(name, getattr(module, name)))
+        download = S3Storage.download_file
+        S3Storage.download_file = lambda storage, location, path: counted("download", lambda *a: download(
+            storage, location, path))(location)

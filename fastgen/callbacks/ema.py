@@ -379,13 +379,19 @@ class EMACallback(Callback):
 
     def save_snapshot(self, model: Any, t: int) -> None:
         """Write this EMA's weights at schedule time ``t`` to ``RUN/ema_snapshots/`` for post-hoc reconstruction
-        (``fastgen ema``). Gathered from every rank's shards under FSDP2 (a collective), written by rank 0."""
+        (``fastgen ema``). Written by rank 0: under FSDP2 gathered from every rank's shards (a collective all
+        ranks join); replicated or single-process, rank 0 alone copies its whole network to the host - the other
+        ranks' copies would be thrown away."""
         from fastgen.utils import distributed as dist_utils
-        from fastgen.utils.parallelize import full_state_dict
-        from fastgen.utils.posthoc_ema import save_snapshot, snapshot_path
+        from fastgen.utils.parallelize import full_state_dict, has_sharded_parameters
 
-        state = full_state_dict(model.ema_nets[self.ema_name])
+        ema = model.ema_nets[self.ema_name]
+        if not (dist_utils.is_rank0() or has_sharded_parameters(ema)):
+            return
+        state = full_state_dict(ema)
         if dist_utils.is_rank0():
+            from fastgen.utils.posthoc_ema import save_snapshot, snapshot_path
+
             save_snapshot(snapshot_path(self.trainer.run_dir, self.ema_name, t), state, t, self.gamma)
 
     def on_load_checkpoint_end(self, model: Any, iteration: int = 0, checkpoint_path: str | None = None) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,32 @@ class LoadedRun:
     config_path: Path | None
     iteration: int
     loaded: set[str]  # names of the modules whose weights came from the checkpoint
+    frozen_fingerprints: dict[str, str] = field(default_factory=dict)  # the checkpoint's record of its teacher
+
+    def rebuild_frozen(self) -> None:
+        """Load the frozen networks the checkpoint left out (a teacher) from their source, as training did, and
+        check them against the checkpoint's fingerprints. Only on demand (``select_net(..., "teacher")``): the
+        source may not be reachable from where the trained network is sampled."""
+        from fastgen.utils.fingerprint import network_fingerprint
+
+        model = self.model
+        missing = [name for name in getattr(model, "rebuilt_modules", {}) if name not in self.loaded]
+        if not missing:
+            return
+        model.init_frozen_weights()
+        path = self.config.trainer.checkpointer.pretrained_ckpt_path
+        if path:
+            from fastgen.utils.checkpoint_manager import load_pretrained
+
+            load_pretrained(model, path, self.config.credentials_dir, frozen_only=True)
+        device = next(model.net.parameters()).device
+        for name in missing:
+            model.model_dict[name].to(device)
+            saved = self.frozen_fingerprints.get(name)
+            if saved is not None and network_fingerprint(model.model_dict[name]) != saved:
+                raise CheckpointError(f"the {name} rebuilt from {model.frozen_source(name)} is not the one checkpoint "
+                                      f"{self.checkpoint} was trained with (its fingerprint differs)")
+            self.loaded.add(name)
 
     @property
     def run_dir(self) -> Path:
@@ -144,7 +170,8 @@ def load_run(path: str | os.PathLike[str], config: Any = None, device: torch.dev
     loaded = load_model_weights(model, payload, checkpoint)
     model.to(device)
     model.eval()
-    return LoadedRun(model, config, checkpoint, config_yaml, int(payload.get("iteration", 0)), loaded)
+    return LoadedRun(model, config, checkpoint, config_yaml, int(payload.get("iteration", 0)), loaded,
+                     dict(payload.get("frozen_fingerprints") or {}))
 
 
 def select_net(run_or_model: Any, which: str = "net") -> nn.Module:
@@ -168,6 +195,8 @@ def select_net(run_or_model: Any, which: str = "net") -> nn.Module:
             raise UsageError(f"--teacher: {type(model).__name__} has no teacher (only distillation methods have one)")
     else:
         raise UsageError(f"unknown network {which!r}; choose one of {', '.join(NETS)}")
+    if loaded is not None and name in getattr(model, "rebuilt_modules", {}) and name not in loaded:
+        run_or_model.rebuild_frozen()
     if loaded is not None and name in model.model_dict and name not in loaded:
         raise CheckpointError(f"checkpoint {run_or_model.checkpoint} has no weights for {name!r}")
     return net

@@ -4,8 +4,9 @@ few-step student sampling.
 What it adds to ``FastGenModel``:
 
 * ``teacher`` - a frozen ``DiffusionNet`` (``config.teacher``, default the architecture of ``net``) loaded from
-  ``config.teacher_ckpt`` in ``init_weights()`` (fresh runs only; a resumed run restores it from the checkpoint,
-  which stores the teacher so that a run directory is self-contained and ``fastgen sample --teacher`` works);
+  ``config.teacher_ckpt`` (or ``model.pretrained_model_path``) by ``init_frozen_weights()`` on every start. It is
+  not written into checkpoints (they hold what trains); a checkpoint records the teacher's fingerprint instead,
+  and a resume, ``fastgen sample --teacher`` or an export rebuilds it from its source and refuses one that differs;
   the student starts as the teacher's copy, or from ``config.student_ckpt`` (another run's network, e.g. a KD
   student for DMD2 to refine);
   methods that can also learn from data alone return False from ``uses_teacher()`` in that mode (consistency
@@ -98,9 +99,36 @@ class DistillationModel(FastGenModel):
             ema.eval()
         return self
 
+    def frozen_source(self, name: str) -> str:
+        if name != "teacher":
+            return super().frozen_source(name)
+        if self.config.teacher_ckpt:
+            return f"model.teacher_ckpt={self.config.teacher_ckpt}"
+        if getattr(self.config, "pretrained_model_path", None):
+            return f"model.pretrained_model_path={self.config.pretrained_model_path}"
+        return "a random initialisation (model.teacher_ckpt is not set)"
+
+    @torch.no_grad()
+    def init_frozen_weights(self) -> None:
+        """The teacher from ``model.teacher_ckpt``, else ``model.pretrained_model_path``, else its random
+        initialisation (built with the run's seed, so a resume rebuilds the same one)."""
+        super().init_frozen_weights()
+        if self.teacher is None:
+            return
+        path = self.config.teacher_ckpt
+        if path:
+            load_weights(self.teacher, load_network_state(path, self.config.teacher_ckpt_key), path, "model.teacher",
+                         what="teacher weights")
+            logger.info("loaded the teacher from %s", path)
+        elif getattr(self.config, "pretrained_model_path", None):
+            self.load_pretrained_model(self.teacher)
+        else:
+            logger.warning("model.teacher_ckpt is not set: distilling a randomly initialised teacher")
+
     @torch.no_grad()
     def init_weights(self) -> None:
         path = self.config.teacher_ckpt
+        self.init_frozen_weights()
         if self.teacher is None:  # no teacher in this mode: its checkpoint, if any, only initialises the student
             if self.config.student_init_from_teacher:
                 self.load_pretrained_model(self.net)
@@ -110,14 +138,6 @@ class DistillationModel(FastGenModel):
             self.load_student_ckpt()
             self.sync_ema_to_net()
             return
-        if path:
-            load_weights(self.teacher, load_network_state(path, self.config.teacher_ckpt_key), path, "model.teacher",
-                         what="teacher weights")
-            logger.info("loaded the teacher from %s", path)
-        elif getattr(self.config, "pretrained_model_path", None):
-            self.load_pretrained_model(self.teacher)
-        else:
-            logger.warning("model.teacher_ckpt is not set: distilling a randomly initialised teacher")
         if self.config.student_init_from_teacher:
             try:
                 self.net.load_state_dict(self.teacher.state_dict())

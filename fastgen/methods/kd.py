@@ -21,8 +21,10 @@ Sampling (``generate``) runs the same deterministic DDIM steps from noise.
 **Teacher pairs.** ``build_kd_dataset(model, path, ...)`` solves ``kd_num_samples`` noises (and balanced random
 labels for conditional models) and writes ``noise``, ``trajectory`` (the states at ``t_1 .. t_{k-1}`` and the
 final sample), ``labels`` and the student ``times`` to one ``.pt`` file (atomically); ``KDPairsDataset`` reads it.
-A fresh run whose ``kd_data_path`` does not exist builds it in ``init_weights`` (rank 0; the others wait), before
-the trainer builds its data loaders. Without ``kd_data_path`` the teacher solves fresh noise for every batch.
+A run whose ``kd_data_path`` does not exist builds it in ``prepare_training_data`` once its networks are on their
+devices, before the trainer builds its data loaders: split across the ranks (rank ``r`` solves batches
+``r, r + W, ...``; under FSDP every rank runs the same number of teacher calls, the sharded forward being a
+collective), then rank 0 joins the parts into the one file - the same bytes as a one-process build. Without ``kd_data_path`` the teacher solves fresh noise for every batch.
 
 Logged keys (``loss_dict``): ``total_loss``, ``kd_loss`` (mean over the student's steps) and, for ``k > 1``,
 ``kd_loss_step{i}`` for each step ``i``.
@@ -117,16 +119,16 @@ class KDModel(DistillationModel):
 
     # ---- the cache ----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def init_weights(self) -> None:
-        super().init_weights()
+    def prepare_training_data(self) -> None:
+        """Build ``kd_data_path`` when it does not exist (every rank solves its share), then check it fits."""
+        super().prepare_training_data()
         path = self.config.kd_data_path
         if not path:
             return
-        if not Path(path).is_file():
-            if dist_utils.is_rank0():
-                build_kd_dataset(self, path, self.config.kd_num_samples, self.config.kd_build_batch_size,
-                                 self.config.kd_seed)
-            dist_utils.barrier()
+        exists = Path(path).is_file() if dist_utils.is_rank0() else None
+        if not dist_utils.broadcast_object(exists):  # every rank takes the same branch
+            build_kd_dataset(self, path, self.config.kd_num_samples, self.config.kd_build_batch_size,
+                             self.config.kd_seed, rank=dist_utils.get_rank(), world=dist_utils.get_world_size())
         check_cache(path, self.student_times(), self.config.teacher_ckpt)
 
     # ---- the step -----------------------------------------------------------------------------------------------
@@ -163,35 +165,92 @@ class KDModel(DistillationModel):
 
 # ---- building and reading the cache -------------------------------------------------------------------------------
 @torch.no_grad()
+def _batches(model: KDModel, num_samples: int, batch_size: int, seed: int, rank: int, world: int
+             ) -> list[tuple[int, torch.Tensor, torch.Tensor | None]]:
+    """``(batch index, noise, labels)`` of this rank's batches (``index % world == rank``). Every rank draws
+    every batch from the one seeded generator, in order, and keeps its own: noise is cheap next to a teacher
+    solve, and so any world size writes the file a single process writes."""
+    generator = torch.Generator().manual_seed(seed)
+    mine = []
+    for index, start in enumerate(range(0, num_samples, batch_size)):
+        n = min(batch_size, num_samples - start)
+        noise = model.noise_scheduler.prior_sample((n, *model.config.input_shape), generator=generator)
+        label = torch.randint(model.num_classes, (n,), generator=generator) if model.num_classes > 0 else None
+        if index % world == rank:
+            mine.append((index, noise, label))
+    return mine
+
+
+def _part_path(path: Path, rank: int, world: int) -> Path:
+    return path.with_name(f".{path.name}.part{rank}-of-{world}")
+
+
 def build_kd_dataset(model: KDModel, path: str | Path, num_samples: int, batch_size: int = 500,
-                     seed: int = 0) -> Path:
+                     seed: int = 0, rank: int = 0, world: int = 1) -> Path:
     """Solve ``num_samples`` noises with ``model``'s teacher and write the pairs to ``path`` (atomically).
 
     Noise (and, for a conditional model, balanced random labels) come from a generator seeded with ``seed``, so
-    the same call writes the same file. Returns ``path``."""
+    the same call writes the same file. With ``world > 1`` every rank calls it (a collective): rank ``rank``
+    solves every ``world``-th batch and writes its part beside ``path``; rank 0 joins them. ``path`` must then be
+    on storage every rank sees (as the data loaders that read it need anyway). Returns ``path``."""
     from fastgen.utils.io import atomic_open
+    from fastgen.utils.parallelize import has_sharded_parameters
 
     if num_samples < 1 or batch_size < 1:
         raise ValueError("num_samples and batch_size must be positive")
     path = Path(path)
     times = model.student_times()
-    generator = torch.Generator().manual_seed(seed)
     device = next(model.teacher.parameters()).device
     was_training = model.teacher.training
     model.teacher.eval()
-    noises, trajectories, labels = [], [], []
-    logger.info("building %d KD pairs with %d teacher Heun steps into %s", num_samples, model.teacher_steps(), path)
-    for start in range(0, num_samples, batch_size):
-        n = min(batch_size, num_samples - start)
-        noise = model.noise_scheduler.prior_sample((n, *model.config.input_shape), generator=generator)
-        label = torch.randint(model.num_classes, (n,), generator=generator) if model.num_classes > 0 else None
+    mine = _batches(model, num_samples, batch_size, seed, rank, world)
+    total = -(-num_samples // batch_size)
+    calls = len(mine)
+    if world > 1 and has_sharded_parameters(model.teacher):
+        # A sharded teacher's forward is a collective: every rank makes the same number of solves (a rank short of
+        # a batch solves a stand-in and drops it).
+        calls = -(-total // world)
+    logger.info("building %d KD pairs with %d teacher Heun steps into %s (this rank: %d of %d batches)",
+                num_samples, model.teacher_steps(), path, len(mine), total)
+    solved: dict[int, torch.Tensor] = {}
+    for call in range(calls):
+        index, noise, label = mine[call] if call < len(mine) else (-1, *_batches(model, 1, 1, seed, 0, 1)[0][1:])
         trajectory = model.teacher_trajectory(noise.to(device, model.precision),
                                               None if label is None else label.to(device), times)
-        noises.append(noise)
-        trajectories.append(trajectory.float().cpu())
-        if label is not None:
-            labels.append(label)
+        if index >= 0:
+            solved[index] = trajectory.float().cpu()
     model.teacher.train(was_training)
+    part = {"index": torch.tensor([index for index, _, _ in mine], dtype=torch.int64),
+            "noise": [noise for _, noise, _ in mine], "trajectory": [solved[index] for index, _, _ in mine],
+            "labels": [label for _, _, label in mine if label is not None]}
+    if world > 1:
+        with atomic_open(_part_path(path, rank, world), "wb") as handle:
+            torch.save(part, handle)
+        dist_utils.barrier()
+        if rank == 0:
+            _write_pairs(model, path, times, [_read_part(_part_path(path, r, world)) for r in range(world)])
+            for r in range(world):
+                _part_path(path, r, world).unlink(missing_ok=True)
+        dist_utils.barrier()
+    else:
+        _write_pairs(model, path, times, [part])
+    return path
+
+
+def _read_part(path: Path) -> dict[str, Any]:
+    from fastgen.utils.safe_pickle import torch_load
+
+    return torch_load(path, what="KD pairs part")
+
+
+def _write_pairs(model: KDModel, path: Path, times: list[float], parts: list[dict[str, Any]]) -> None:
+    """Join the ranks' parts in batch order and write the pairs file (atomically)."""
+    from fastgen.utils.io import atomic_open
+
+    order = sorted((int(index), p, i) for p, part in enumerate(parts) for i, index in enumerate(part["index"]))
+    noises = [parts[p]["noise"][i] for _, p, i in order]
+    trajectories = [parts[p]["trajectory"][i] for _, p, i in order]
+    labels = [parts[p]["labels"][i] for _, p, i in order if parts[p]["labels"]]
     payload: dict[str, Any] = {
         "format": KD_FORMAT,
         "noise": torch.cat(noises),
@@ -205,7 +264,6 @@ def build_kd_dataset(model: KDModel, path: str | Path, num_samples: int, batch_s
         payload["labels"] = torch.cat(labels)
     with atomic_open(path, "wb") as handle:
         torch.save(payload, handle)
-    return path
 
 
 def _load_pairs(path: str | Path) -> dict[str, Any]:

@@ -4,10 +4,13 @@ A method is an ``nn.Module`` built from ``config.model``. It owns the trained ne
 (``model.use_ema``; updated by ``EMACallback``), and - in subclasses - teachers, fake-score networks and
 discriminators. The trainer only relies on this contract:
 
-* ``model_dict`` - the modules a checkpoint stores, by name (``net``, ``ema``, ...);
+* ``model_dict`` - every module, by name (``net``, ``ema``, ``teacher``...); ``saved_modules`` - those a
+  checkpoint stores: all but ``frozen_modules`` (a teacher), which ``init_frozen_weights()`` rebuilds from their
+  source on every start, fresh or resumed;
 * ``init_optimizers()``, ``optimizer_dict`` and ``scheduler_dict`` - keyed by the module they train
   (``trainable_modules``; module ``name`` takes ``config.<name>_optimizer`` / ``config.<name>_scheduler``);
 * ``init_weights()`` - called once on a fresh run (not on resume): load teachers, copy weights;
+  ``init_frozen_weights()`` - its part that loads the frozen networks (also called on resume);
 * ``get_optimizers(iteration)`` - the names stepped this iteration (GAN-style methods alternate);
 * ``single_train_step(data, iteration) -> (loss_dict, outputs)`` with ``loss_dict["total_loss"]``;
 * ``validation_step(data, iteration) -> loss_dict`` (networks are in eval mode, gradients off);
@@ -68,9 +71,23 @@ class FastGenModel(nn.Module):
     def noise_scheduler(self) -> NoiseScheduler:
         return self.net.noise_scheduler
 
+    # Networks that never train (a distillation's teacher): not written into checkpoints - a 12B teacher would add
+    # 24 GB to every save - but rebuilt from their source by ``init_frozen_weights`` on every start.
+    frozen_modules: tuple[str, ...] = ()
+
     @property
     def model_dict(self) -> dict[str, nn.Module]:
         return {"net": self.net, **dict(self.ema_nets.items())}
+
+    @property
+    def saved_modules(self) -> dict[str, nn.Module]:
+        """The networks a checkpoint holds: what trains and its EMA copies; ``model_dict`` minus the frozen ones."""
+        return {name: module for name, module in self.model_dict.items() if name not in self.frozen_modules}
+
+    @property
+    def rebuilt_modules(self) -> dict[str, nn.Module]:
+        """The frozen networks this method has (``model_dict`` minus ``saved_modules``)."""
+        return {name: module for name, module in self.model_dict.items() if name in self.frozen_modules}
 
     @property
     def trainable_modules(self) -> dict[str, nn.Module]:
@@ -88,10 +105,25 @@ class FastGenModel(nn.Module):
                 self.schedulers[name] = instantiate(scheduler_cfg, optimizer=self.optimizers[name])
 
     def init_weights(self) -> None:
-        """Called once when a run starts from scratch (never on resume, which restores every module). Methods
-        that distill load their teacher here and copy it into the student; EMA networks start equal to ``net``."""
+        """Called once when a run starts from scratch (never on resume, which restores every saved module).
+        Methods that distill load their teacher here (``init_frozen_weights``) and copy it into the student; EMA
+        networks start equal to ``net``."""
+        self.init_frozen_weights()
         self.load_pretrained_model(self.net)
         self.sync_ema_to_net()
+
+    def frozen_source(self, name: str) -> str:
+        """Where frozen network ``name`` comes from, in the config's words (for messages)."""
+        return f"model.{name}"
+
+    def init_frozen_weights(self) -> None:
+        """Load the frozen networks (``frozen_modules``) from where the config says they come from. Called on
+        every start - by ``init_weights`` on a fresh run, on its own on a resume - and must load nothing else."""
+
+    def prepare_training_data(self) -> None:
+        """Called by the trainer on every rank once the networks are built, loaded and placed (fresh and resumed
+        runs), before the data loaders: data a method makes with its own networks (KD's teacher pairs). May
+        use collectives."""
 
     def load_pretrained_model(self, net: nn.Module) -> None:
         """``model.pretrained_model_path`` (a diffusers weights folder, ``fastgen.networks.diffusers_nets``) into

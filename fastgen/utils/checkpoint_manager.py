@@ -119,6 +119,7 @@ class CheckpointManager:
         self._pending: _PendingSave | None = None
         self._async_group: Any = None
         self._stager: ReusedHostStager | None = None  # async sharded saves: host buffers kept between saves
+        self._frozen: dict[str, str] | None = None  # fingerprints of the frozen networks (they never change)
 
     # ---- discovery -------------------------------------------------------------------------------------------
     def list(self) -> list[tuple[int, str]]:
@@ -166,6 +167,7 @@ class CheckpointManager:
             "format": FORMAT, "version": VERSION, "iteration": state.iteration, "layout": self.layout,
             "world_size": dist_utils.get_world_size(),
             "schedulers": {name: s.state_dict() for name, s in state.model.scheduler_dict.items()},
+            "frozen_fingerprints": self.frozen_fingerprints(state.model),
             **ranks,
         }
         marker = self.store.marker(state.iteration)
@@ -174,6 +176,29 @@ class CheckpointManager:
         else:
             self._save_monolithic(state, extras, marker)
         return marker
+
+    def frozen_fingerprints(self, model: Any) -> dict[str, str]:
+        """``{name: network_fingerprint}`` of the frozen networks the checkpoints leave out (a teacher), computed
+        once per run (a collective when they are sharded: every rank calls it)."""
+        if self._frozen is None:
+            from fastgen.utils.fingerprint import network_fingerprint
+
+            self._frozen = {name: network_fingerprint(module)
+                            for name, module in getattr(model, "rebuilt_modules", {}).items()}
+        return self._frozen
+
+    def check_frozen(self, model: Any, payload: dict[str, Any], marker: str) -> None:
+        """Refuse to resume with a frozen network that differs from the one the checkpoint was trained with (it
+        was rebuilt from its source: ``init_frozen_weights``)."""
+        saved = payload.get("frozen_fingerprints") or {}
+        now = self.frozen_fingerprints(model)
+        for name, value in saved.items():
+            if name in now and now[name] != value:
+                raise CheckpointError(
+                    f"checkpoint {marker} was trained with another {name} than the one rebuilt from "
+                    f"{model.frozen_source(name)} (fingerprint {now[name]}, the checkpoint's {value}): point the "
+                    "config back at the original, as the run's config.yaml names it, or start a new run (a new "
+                    "log_config.name)")
 
     def wait(self) -> None:
         """Finish the save in flight, if any; raise ``CheckpointError`` (on every rank) if it failed."""
@@ -216,12 +241,12 @@ class CheckpointManager:
         model = state.model
         trained = model.trainable_modules
         payload: dict[str, Any] = {}
-        gathers = any(has_sharded_parameters(module) for module in model.model_dict.values())
+        gathers = any(has_sharded_parameters(module) for module in model.saved_modules.values())
         if dist_utils.is_rank0() or gathers:
             copy = self.async_save
             payload = {
                 **(_host_copy(extras) if copy else extras),  # small: random streams, callback / loader state
-                "model": {name: full_state_dict(module, copy=copy) for name, module in model.model_dict.items()},
+                "model": {name: full_state_dict(module, copy=copy) for name, module in model.saved_modules.items()},
                 "optimizers": {name: full_optimizer_state_dict(trained[name], opt, copy=copy)
                                for name, opt in model.optimizer_dict.items()},
             }
@@ -301,11 +326,12 @@ class CheckpointManager:
             restore_non_tensor_state(state.model, payload, marker)
         else:
             try:
-                payload = self.store.read(marker, whole=True)
+                payload = self.store.read_for_resume(marker)
             except CorruptCheckpointError as exc:
                 previous = self.store.previous_complete(marker)
                 raise CorruptCheckpointError(exc.path, exc.reason, None if previous is None else Path(previous)) from None
             restore_full_state(state.model, payload, marker)
+        self.check_frozen(state.model, payload, marker)
         state.callbacks.load_state_dict(rank_entry(payload, "callbacks") or {})
         return payload
 
@@ -402,7 +428,8 @@ def dcp_folder(marker: Path) -> Path:
 
 
 def sharded_state(model: Any) -> dict[str, Any]:
-    """Every network's and optimizer's state as DCP saves it: local shards (DTensors) keyed by parameter name."""
+    """Every saved network's and optimizer's state as DCP saves it: local shards (DTensors) keyed by parameter
+    name (frozen networks are rebuilt from their source, not saved)."""
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -412,7 +439,8 @@ def sharded_state(model: Any) -> dict[str, Any]:
 
     trained = model.trainable_modules
     return {
-        "model": {name: _saved_part(module, get_model_state_dict(module)) for name, module in model.model_dict.items()},
+        "model": {name: _saved_part(module, get_model_state_dict(module))
+                  for name, module in model.saved_modules.items()},
         "optimizers": {name: get_optimizer_state_dict(trained[name], opt)
                        for name, opt in model.optimizer_dict.items()},
     }
@@ -439,7 +467,7 @@ def load_sharded(reader: Any, model: Any, folder: str) -> None:
     trained = model.trainable_modules
     from fastgen.utils.lora_utils import is_adapted
 
-    for name, module in model.model_dict.items():
+    for name, module in model.saved_modules.items():
         set_model_state_dict(module, state["model"][name], options=StateDictOptions(strict=not is_adapted(module)))
     for name, optimizer in model.optimizer_dict.items():
         set_optimizer_state_dict(trained[name], optimizer, state["optimizers"][name],
@@ -479,8 +507,10 @@ def restore_non_tensor_state(model: Any, payload: dict[str, Any], path: Path) ->
 
 
 def restore_modules(model: Any, payload: dict[str, Any], path: Any, allow_missing: bool = False) -> None:
-    """Load full tensors into every network (any layout); unknown or (unless ``allow_missing``) absent
-    networks and shapes that do not fit are ``CheckpointError``s naming the checkpoint."""
+    """Load full tensors into every network the payload holds (any layout); unknown or (unless ``allow_missing``)
+    absent saved networks and shapes that do not fit are ``CheckpointError``s naming the checkpoint. A frozen
+    network (a teacher) is loaded when present - checkpoints written before they left them out hold one - and
+    otherwise stays as ``init_frozen_weights`` rebuilt it."""
     modules = model.model_dict
     for name, state in payload.get("model", {}).items():
         if name not in modules:
@@ -495,20 +525,26 @@ def restore_modules(model: Any, payload: dict[str, Any], path: Any, allow_missin
                 f"checkpoint {path}: weights of {name!r} do not fit this model ({' '.join(first[:2])[:300]})"
             ) from None
     if not allow_missing:
-        missing = [n for n in modules if n not in payload.get("model", {})]
+        missing = [n for n in getattr(model, "saved_modules", modules) if n not in payload.get("model", {})]
         if missing:
             raise CheckpointError(f"checkpoint {path} lacks weights for {', '.join(missing)}")
 
 
-def load_pretrained(model: Any, path: str | None, credentials_dir: str | None) -> None:
+def load_pretrained(model: Any, path: str | None, credentials_dir: str | None, frozen_only: bool = False) -> None:
     """``trainer.checkpointer.pretrained_ckpt_path`` (a local file or s3://, either layout) into the networks it
     holds; an EMA network it lacks starts from the loaded ``net``. Training calls it on a fresh start (and, for a
-    LoRA base, on every start); rebuilding a LoRA run for sampling or export calls it the same way."""
+    LoRA base, on every start); rebuilding a LoRA run for sampling or export calls it the same way.
+    ``frozen_only``: only into the frozen networks (a resume rebuilding a teacher that came from this file)."""
     if not path:
         return
     from fastgen.utils.checkpoint_store import read_whole_checkpoint
 
     payload = read_whole_checkpoint(path, credentials_dir)
+    if frozen_only:
+        frozen = getattr(model, "rebuilt_modules", {})
+        restore_modules(model, {"model": {k: v for k, v in payload.get("model", {}).items() if k in frozen}}, path,
+                        allow_missing=True)
+        return
     restore_modules(model, payload, path, allow_missing=True)
     for name, ema in getattr(model, "ema_nets", {}).items():
         if name not in payload.get("model", {}):  # an EMA the checkpoint lacks starts from the loaded net

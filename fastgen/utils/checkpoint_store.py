@@ -33,7 +33,7 @@ from fastgen.utils.checkpointer import (
     iterations_to_prune,
     load_checkpoint,
 )
-from fastgen.utils.errors import ConfigError, first_line
+from fastgen.utils.errors import CheckpointError, ConfigError, FastGenError, first_line
 from fastgen.utils.io import check_writable_dir
 from fastgen.utils.logging import get_logger
 from fastgen.utils.safe_pickle import CorruptFileError, torch_load
@@ -83,6 +83,11 @@ class LocalStore:
         if whole:
             return load_checkpoint(marker, mmap=True)  # a resume: one read per node (load_checkpoint)
         return _load_marker_file(Path(marker), marker)
+
+    def read_for_resume(self, marker: str) -> dict[str, Any]:
+        """A monolithic checkpoint for every rank's resume (a collective): mapped, so the ranks of a node share
+        one read of the file through the page cache."""
+        return self.read(marker, whole=True)
 
     def previous_complete(self, marker: str) -> str | None:
         found = self.files.previous_complete(Path(marker))
@@ -198,6 +203,43 @@ class S3Store:
                 return load_checkpoint(staged)
             except CorruptCheckpointError as exc:
                 raise CorruptCheckpointError(Path(marker), exc.reason) from None
+
+    def read_for_resume(self, marker: str) -> dict[str, Any]:
+        """A monolithic checkpoint for every rank's resume (a collective): one download per node, not per rank.
+        Local rank 0 of each node downloads it into a private folder of the node's temporary directory; every
+        rank of the node then maps that one file (its pages shared through the page cache) and the folder is
+        removed once all have mapped it (a mapped file outlives its name). A failed download ends every rank."""
+        import secrets
+
+        from fastgen.utils import distributed as dist_utils
+
+        location = self.s3.S3Location.parse(marker)
+        token = dist_utils.broadcast_object(secrets.token_hex(8) if dist_utils.is_rank0() else None)
+        node = os.environ.get("GROUP_RANK", "0")  # torchrun's node index: two "nodes" may share one /tmp
+        folder = Path(tempfile.gettempdir()) / f"fastgen-resume-{token}-node{node}"
+        staged = folder / location.name
+        downloader = dist_utils.get_local_rank() == 0
+        error: BaseException | None = None
+        if downloader:
+            try:
+                folder.mkdir(mode=0o700)
+                self.storage.download_file(location, staged)
+            except Exception as exc:  # noqa: BLE001 - every rank must learn of it
+                error = exc
+        try:
+            if dist_utils.any_rank(error is not None):
+                if isinstance(error, FastGenError):  # already one line naming the object
+                    raise error
+                raise CheckpointError(f"downloading checkpoint {marker} failed"
+                                      + (f": {first_line(error)}" if error is not None else " on another node"))
+            try:
+                return load_checkpoint(staged, mmap=True)
+            except CorruptCheckpointError as exc:
+                raise CorruptCheckpointError(Path(marker), exc.reason) from None
+        finally:
+            dist_utils.barrier()  # every rank of the node has mapped (or given up on) the file
+            if downloader:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def previous_complete(self, marker: str) -> str | None:
         return None  # an object is never half-written on S3: a corrupt one is not a crash's leftover

@@ -385,3 +385,24 @@ def disagreements(per_rank: Sequence[Mapping[str, Hashable] | None], require_all
             groups = sorted(by_value.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
             found.append(Disagreement(name, tuple((v, tuple(rs)) for v, rs in groups), tuple(missing)))
     return found
+
+
+# ---- whole networks -------------------------------------------------------------------------------------------
+def network_fingerprint(module: torch.nn.Module) -> str:
+    """One fingerprint of a network's whole state (every parameter and buffer, by name and shape): 16 hex digits.
+
+    What a checkpoint records of a frozen network it does not store (a distillation's teacher), so that a resume
+    that rebuilt it from its source can tell a different one. Sharded tensors are fingerprinted whole - each is
+    gathered in turn (a collective every rank joins, in the same order; memory: one tensor at a time) - so the
+    value does not depend on the world size or the sharding."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        if DTensor is not None and isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        value = int(tensor_fingerprint(tensor).item())
+        digest.update(f"{name}|{tuple(tensor.shape)}|{format_fingerprint(value)}\n".encode())
+    return digest.hexdigest()[:16]

@@ -196,7 +196,7 @@ def export_merged(src: str, dst: str, only: str | None = None) -> dict[str, Any]
         raise UsageError(f"--merge-lora writes a new .pth file: {target} " +
                          ("exists" if target.exists() else "does not end in .pth"))
     run = load_run(src)
-    modules = run.model.model_dict
+    modules = run.model.saved_modules  # a frozen teacher is not the run's to export (nor in its checkpoints)
     adapted = [name for name, module in modules.items() if is_adapted(module)]
     if not adapted:
         raise UsageError(f"{run.checkpoint} has no LoRA adapter (model.net_adapter was not set): convert it without "

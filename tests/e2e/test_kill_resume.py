@@ -125,9 +125,11 @@ def _final(output_root: Path, name: str) -> Path:
 
 def _assert_dmd2_state_is_all_there(path: Path) -> None:
     """The DMD2 checkpoint the comparison covers holds what the test claims: every module, an optimizer and a
-    scheduler for each trained one (at its own step count), the EMA's update count, a random-stream state."""
+    scheduler for each trained one (at its own step count), the EMA's update count, a random-stream state - and
+    the frozen teacher's fingerprint, not the teacher (rebuilt from its source)."""
     payload = load_checkpoint(path)
-    assert set(payload["model"]) == {"net", "fake_score", "discriminator", "teacher", "ema"}
+    assert set(payload["model"]) == {"net", "fake_score", "discriminator", "ema"}
+    assert set(payload["frozen_fingerprints"]) == {"teacher"}
     assert set(payload["optimizers"]) == {"net", "fake_score", "discriminator"}
     assert {name: s["last_epoch"] for name, s in payload["schedulers"].items()} == {
         "net": 5, "fake_score": 9, "discriminator": 9}

@@ -141,3 +141,34 @@ def test_use_s3_without_a_container_is_a_config_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
     assert "trainer.checkpointer.s3_container" in line, line
+
+
+def test_two_ddp_ranks_copy_the_state_on_rank_0_alone_and_download_a_resume_once(
+        s3_server: S3Server, output_root: Path, tmp_path: Path) -> None:
+    """Issue 32, point 3: in a replicated (DDP) run only rank 0 builds the host copy of the state - at checkpoint
+    saves and at EMA snapshots - and a resume from S3 downloads the checkpoint once per node, not once per rank
+    (2 ranks, one node: one download; both ranks then map that file)."""
+    credentials = s3_server.write_credentials(tmp_path / "credentials")
+    ema = "+trainer.callbacks.ema={_target_:fastgen.callbacks.ema.EMACallback,type:power,sigma_rel:0.1,snapshot_iter:2}"
+    run = ["train", "--nproc-per-node", "2", "-c", "Toy/config_sft_toy", "-", "trainer.ddp=True",
+           "model.net.backbone.hidden_dim=64", "model.use_ema=true", ema, "trainer.save_ckpt_iter=2",
+           "log_config.name=copies", *s3_args(s3_server, credentials, "copies")]
+    counts = {}
+    for phase, max_iter in (("first", 4), ("resumed", 6)):
+        folder = tmp_path / phase
+        folder.mkdir()
+        probe = f"+trainer.callbacks.copies={{_target_:rank_probes.CountHostCopies,folder:{folder}}}"
+        result = fastgen(*run, f"trainer.max_iter={max_iter}", probe, cwd=tmp_path, timeout=240)
+        assert result.returncode == 0, result.stderr[-3000:]
+        counts[phase] = [(folder / f"copies{rank}").read_text().splitlines() if (folder / f"copies{rank}").exists()
+                         else [] for rank in (0, 1)]
+    assert "resumed from s3://" in result.stderr
+    for phase in counts:
+        rank0, rank1 = counts[phase]
+        assert [line for line in rank1 if line.startswith("full_")] == [], (phase, rank1)
+        assert any(line.startswith("full_state_dict") for line in rank0), (phase, rank0)
+    downloads = [line for rank in counts["resumed"] for line in rank if line.startswith("download")
+                 and line.endswith("0000004.pth")]
+    assert len(downloads) == 1, counts["resumed"]
+    snapshots = output_root / "fastgen" / "toy" / "copies" / "ema_snapshots"
+    assert len(list(snapshots.glob("*.pt"))) == 3  # t = 2, 4, 6: written by rank 0

@@ -76,20 +76,20 @@ def test_student_sampling_is_deterministic() -> None:
     torch.testing.assert_close(model.generator_fn(model.net, noise, None, None), a)
 
 
-def test_cache_is_built_on_a_fresh_run_and_checked(tmp_path: Path) -> None:
+def test_cache_is_built_when_missing_and_checked(tmp_path: Path) -> None:
     path = tmp_path / "cache.pt"
     config = tiny(create_config, kd_data_path=str(path), kd_num_samples=32, kd_build_batch_size=16, sample_steps=3)
-    build(config)
+    build(config).prepare_training_data()
     assert KDPairsDataset(str(path)).trajectory.shape == (32, 1, 2)
     config.model.t_list = TWO_STEP
     with pytest.raises(ConfigError, match="student times"):
-        build(config)
+        build(config).prepare_training_data()
     config.model.t_list = None
     other = tmp_path / "other.pth"
     torch.save(instantiate(config.model.net).state_dict(), other)  # a bare state dict: another teacher
     config.model.teacher_ckpt = str(other)
     with pytest.raises(ConfigError, match="teacher"):
-        instantiate(config.model_class, config=config.model).init_weights()
+        build(config).prepare_training_data()
     with pytest.raises(ConfigError, match="does not exist"):
         KDPairsDataset(str(tmp_path / "missing.pt"))
 

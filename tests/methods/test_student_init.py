@@ -41,12 +41,17 @@ def same(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> bool:
 
 def test_student_starts_from_another_runs_network() -> None:
     run_dir = trained_run("source")
-    newest = load_checkpoint(run_dir / "checkpoints" / "0000004.pth")["model"]
+    payload = load_checkpoint(run_dir / "checkpoints" / "0000004.pth")
+    newest = payload["model"]
     assert not same_weights(newest["net"], newest["ema"])
+    assert "teacher" not in newest  # frozen: rebuilt from its source, recorded by its fingerprint
+    from fastgen.utils.fingerprint import network_fingerprint
+
     for source in (run_dir, run_dir / "checkpoints", run_dir / "checkpoints" / "0000004.pth"):
         model = build(toy_dmd2(use_ema=True, student_ckpt=str(source)))  # auto: the source's EMA network
         assert same(model.net, newest["ema"]) and same(model.ema_nets["ema"], newest["ema"])
-        assert same(model.teacher, newest["teacher"]) and same(model.fake_score, newest["teacher"])
+        assert network_fingerprint(model.teacher) == payload["frozen_fingerprints"]["teacher"]
+        assert same(model.fake_score, model.teacher.state_dict())
     model = build(toy_dmd2(student_ckpt=str(run_dir), student_ckpt_key="net"))
     assert same(model.net, newest["net"])
     older = load_checkpoint(run_dir / "checkpoints" / "0000002.pth")["model"]
