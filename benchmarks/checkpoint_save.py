@@ -1,6 +1,6 @@
 """Checkpoint saving: how long an asynchronous save blocks training, how fast a monolithic save writes, how much
 memory a DDP save adds on each rank, and how many bytes a DMD2 checkpoint takes, all measured on fastgen's
-``CheckpointManager`` (``fastgen.utils.checkpoint_manager``) against a reference.
+``CheckpointManager`` (``fastgen.checkpoint.manager``) against a reference.
 
     .venv/bin/python benchmarks/checkpoint_save.py [--small] [--rounds 3] [--mono-rounds 5] [--warmup 1]
         [--rss-rounds 1] [--rss-method hwm|sample] [--bytes-edm] [--only stall|throughput|rss|bytes] [--json PATH]
@@ -188,7 +188,7 @@ def build_method(config: Any, mesh: Any) -> Any:
     """The method as ``Trainer._build_model`` builds it on a fresh run (not ``meta_init``), its optimizers, and one
     optimizer step with constant gradients (Adam's state then exists), and one scheduler step."""
     from fastgen.configs.instantiate import instantiate
-    from fastgen.utils.parallelize import parallelize
+    from fastgen.distributed.parallelize import parallelize
     from fastgen.utils.rng import seed_everything
 
     seed_everything(config.trainer.seed)
@@ -211,7 +211,7 @@ def build_method(config: Any, mesh: Any) -> Any:
 
 def _manager(config: Any, run_dir: Path, sharded: bool, async_save: bool) -> Any:
     """A ``CheckpointManager`` as ``Trainer.__init__`` builds it, with ``async_save`` set."""
-    from fastgen.utils.checkpoint_manager import CheckpointManager
+    from fastgen.checkpoint.manager import CheckpointManager
 
     checkpointer = copy.deepcopy(config.trainer.checkpointer)
     checkpointer.async_save = async_save
@@ -220,7 +220,7 @@ def _manager(config: Any, run_dir: Path, sharded: bool, async_save: bool) -> Any
 
 def _state(model: Any, iteration: int) -> Any:
     from fastgen.callbacks.callback import CallbackDict
-    from fastgen.utils.checkpoint_manager import TrainingState
+    from fastgen.checkpoint.manager import TrainingState
 
     return TrainingState(model=model, callbacks=CallbackDict(), loaders={"train": None, "val": None},
                          iteration=iteration)
@@ -366,7 +366,7 @@ def _two_rank_setup(args: argparse.Namespace, kind: str, sharded: bool) -> tuple
     FSDP2 with sharded checkpoints, or DDP with monolithic ones."""
     import torch.distributed as dist
 
-    from fastgen.utils import distributed as dist_utils
+    from fastgen.distributed import group as dist_utils
 
     layout = ["trainer.fsdp=True"] if sharded else ["trainer.ddp=True", "trainer.fsdp=False"]
     config = _config(args.recipe, [*layout, f"log_config.name=checkpoint_save_{kind}"])

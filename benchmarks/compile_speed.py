@@ -1,7 +1,7 @@
 """``model.torch_compile_mode``: training steps/s of the compiled DiT (digits SFT recipe) ÷ the eager one, on CPU.
 
 Two copies of the method (same seed, same weights) train on the same batches; one has its trained network
-compiled block by block (``fastgen.utils.parallelize.apply_compile``, ``mode`` below). After ``--warmup`` steps
+compiled block by block (``fastgen.distributed.parallelize.apply_compile``, ``mode`` below). After ``--warmup`` steps
 each (compilation happens in the compiled copy's first steps and is not timed), the two alternate step by step
 (eager, compiled, eager, ...) for ``--steps`` steps per round, so a drift in machine speed hits both; each round
 reports steps/s of each and their ratio, and the run ends with the median ratio. Reported as measured (no goal):
@@ -22,7 +22,7 @@ import torch
 def build(recipe: str, mode: str | None, batch: int):
     from fastgen.configs.config_utils import load_config
     from fastgen.configs.instantiate import instantiate
-    from fastgen.utils.parallelize import apply_compile
+    from fastgen.distributed.parallelize import apply_compile
 
     config = load_config(recipe)
     config.model.torch_compile_mode = mode

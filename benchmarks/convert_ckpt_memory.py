@@ -8,7 +8,7 @@ What runs
 A checkpoint of the recipe's network (``EDM/config_sft_cifar10``: the 55M-parameter EDM U-Net, 220 MB in float32)
 with random weights, as the checkpoint manager lays it out: ``net``, an ``ema`` copy, and Adam's state for ``net``
 (``exp_avg``, ``exp_avg_sq``, ``step``), written once with ``torch.save`` (about 4.0x the network's bytes). Then
-each conversion runs in a fresh Python process (``fastgen.utils.convert.convert_checkpoint``, as the command calls
+each conversion runs in a fresh Python process (``fastgen.checkpoint.convert.convert_checkpoint``, as the command calls
 it) that imports everything first, reads its resident set size (``VmRSS``), converts, and reports
 ``ru_maxrss``. The **growth** is ``ru_maxrss`` minus that baseline: the most memory the conversion itself held,
 file-backed pages of ``mmap`` included (they count in RSS while mapped).
@@ -42,8 +42,8 @@ MEASURE = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     import torch.distributed.checkpoint, safetensors.torch  # noqa: F401 - imported before the baseline
-    from fastgen.utils import convert
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.checkpoint import convert
+    from fastgen.checkpoint.checkpointer import load_checkpoint
     from fastgen.utils.io import atomic_write_with
 
     def rss_kib():
@@ -75,7 +75,7 @@ def build_checkpoint(recipe: str, path: Path) -> int:
         torch.set_num_threads(1)
         from fastgen.configs.config_utils import load_config
         from fastgen.configs.instantiate import instantiate
-        from fastgen.utils.checkpointer import FORMAT
+        from fastgen.checkpoint.checkpointer import FORMAT
         torch.manual_seed(0)
         config = load_config({recipe!r})
         net = instantiate(config.model.net)

@@ -75,7 +75,7 @@ def score(args: argparse.Namespace) -> None:
     import torch
 
     from fastgen.evaluation import load_run, select_net
-    from fastgen.utils.checkpointer import Checkpointer
+    from fastgen.checkpoint.checkpointer import Checkpointer
 
     torch.set_num_threads(args.threads)
     done = {(r["run"], r["iteration"], r["net"], r["seed"], r["num_samples"]) for r in _read_rows(args.csv)}

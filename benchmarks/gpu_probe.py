@@ -75,7 +75,7 @@ def _config(*overrides: str) -> Any:
 def _build(config: Any, device: torch.device, mesh: Any) -> Any:
     """The method as the trainer builds it on a fresh run (``Trainer._build_model`` without ``meta_init``)."""
     from fastgen.configs.instantiate import instantiate
-    from fastgen.utils.parallelize import parallelize
+    from fastgen.distributed.parallelize import parallelize
 
     torch.manual_seed(config.trainer.seed)
     model = instantiate(config.model_class, config=config.model)
@@ -152,8 +152,8 @@ class _NoCallbacks:
 # ---- the probes ---------------------------------------------------------------------------------------------------
 @guarded("collective_device is the rank's CUDA device under NCCL")
 def probe_collective(expected: torch.device) -> None:
-    from fastgen.utils import distributed as dist_utils
-    from fastgen.utils.fingerprint import _collective_device
+    from fastgen.distributed import group as dist_utils
+    from fastgen.distributed.fingerprint import _collective_device
 
     backend = str(dist.get_backend())
     device = dist_utils.collective_device()
@@ -204,7 +204,7 @@ def probe_mixed_precision(model: Any, loader: Any, device: torch.device) -> None
 
 @guarded("pinned host staging of an async sharded save, and its round trip")
 def probe_pinned_staging(config: Any, model: Any, workdir: Path) -> None:
-    from fastgen.utils.checkpoint_manager import CheckpointManager, TrainingState
+    from fastgen.checkpoint.manager import CheckpointManager, TrainingState
 
     manager = CheckpointManager(config.trainer.checkpointer, workdir / "probe_run", sharded=True,
                                 seed=config.trainer.seed, run_prefix="gpu_probe")
@@ -285,7 +285,7 @@ def probe_cpu_offload(device: torch.device, mesh: Any) -> None:
 
 def main() -> int:
     from fastgen.configs.instantiate import instantiate
-    from fastgen.utils import distributed as dist_utils
+    from fastgen.distributed import group as dist_utils
 
     if not ALLOW_CPU and not torch.cuda.is_available():
         report(False, "a CUDA GPU is visible", "set GPU_CHECK_ALLOW_CPU=1 for the CPU self-test")

@@ -1,7 +1,7 @@
 """What keyed training noise costs: the generator against ``torch.randn``, and the quick-start's it/s with and
 without it.
 
-1. **Generator** (``--part generator``): ``KeyedNoise(seed, ids, step).randn(shape)`` (``fastgen.utils.keyed_rng``:
+1. **Generator** (``--part generator``): ``KeyedNoise(seed, ids, step).randn(shape)`` (``fastgen.distributed.keyed_rng``:
    lowbias32 hash per element, Box-Muller) against ``torch.randn(shape)`` on the CPU, for a 64x1x8x8 batch (the
    digits quick-start) and a 512x3x32x32 batch (CIFAR-10 at batch 512). The two alternate call by call (``A B A B
    ...``) so both see the same machine state; each side keeps its median and its fastest call, and the ratio is
@@ -38,13 +38,13 @@ from pathlib import Path
 
 import torch
 
-from fastgen.utils.keyed_rng import KeyedNoise
+from fastgen.distributed.keyed_rng import KeyedNoise
 
 SHAPES = ((64, 1, 8, 8), (512, 3, 32, 32))
 GLOBAL_NOISE_TRAIN = """
 import contextlib, sys
 from fastgen.methods.model import FastGenModel
-from fastgen.utils.keyed_rng import GLOBAL_NOISE
+from fastgen.distributed.keyed_rng import GLOBAL_NOISE
 
 @contextlib.contextmanager
 def _global(self, data, iteration, seed, stream="train"):
@@ -113,7 +113,7 @@ def quickstart_part(rounds: int) -> None:
 def steps_part(steps: int) -> None:
     from fastgen.configs.config_utils import load_config, validate_config
     from fastgen.configs.instantiate import instantiate
-    from fastgen.utils.keyed_rng import GLOBAL_NOISE
+    from fastgen.distributed.keyed_rng import GLOBAL_NOISE
 
     torch.manual_seed(0)
     config = validate_config(load_config("Digits/config_dmd2_digits"))

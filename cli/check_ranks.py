@@ -1,7 +1,7 @@
 """``fastgen check-ranks``: do the ranks of a job agree - software, config, liveness, model and checkpoint bytes?
 
 Launches workers like ``fastgen train`` (or runs as one inside any torchrun job) and runs the three tiers of
-``fastgen.utils.rank_check`` on every rank; rank 0 prints the result to stdout. Exit 0: consistent; 1: a mismatch
+``fastgen.distributed.rank_check`` on every rank; rank 0 prints the result to stdout. Exit 0: consistent; 1: a mismatch
 or a rank that did not arrive; 2: a usage error.
 """
 
@@ -12,7 +12,6 @@ import sys
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
-
 from fastgen.cli.common import out, print_error, resolve_config, setup_logging
 from fastgen.cli.launching import (
     launch_workers,
@@ -25,7 +24,7 @@ from fastgen.cli.launching import (
 )
 
 if TYPE_CHECKING:
-    from fastgen.utils.rank_check import RankCheckReport
+    from fastgen.distributed.rank_check import RankCheckReport
 
 EPILOG = """\b
 Examples:
@@ -90,12 +89,12 @@ def check_ranks(
         raise UsageError(f"--timeout must be positive, got {timeout:g}")
     resolved = resolve_config(config, overrides)
     if detail:
-        from fastgen.utils.rank_check import refuse_detail_with_gloo_ddp
+        from fastgen.distributed.rank_check import refuse_detail_with_gloo_ddp
 
         refuse_detail_with_gloo_ddp(resolved)
     if wants_launch(nproc_per_node, nnodes):
         if checkpoint is not None:  # workers would each find the same: say it once, before they start
-            from fastgen.utils.rank_check import check_checkpoint_path
+            from fastgen.distributed.rank_check import check_checkpoint_path
 
             check_checkpoint_path(checkpoint)
         if detail:
@@ -106,12 +105,13 @@ def check_ranks(
         return
     if detail and os.environ.get("TORCH_DISTRIBUTED_DEBUG") != "DETAIL":
         _restart_with_detail()
-    from fastgen.utils.rank_check import run_rank_checks
+    from fastgen.distributed.rank_check import run_rank_checks
+    from fastgen.trainer import Trainer
 
-    report = run_rank_checks(resolved, checkpoint=checkpoint, timeout_s=timeout)
+    report = run_rank_checks(resolved, Trainer, checkpoint=checkpoint, timeout_s=timeout)
     if report.error is not None:
         raise report.error  # the same failure on every rank: bad input, one line
-    from fastgen.utils.distributed import get_rank
+    from fastgen.distributed.group import get_rank
 
     if get_rank() == 0:
         render(report, config, checkpoint)
@@ -132,7 +132,7 @@ def _restart_with_detail() -> None:
 
 def summary(report: RankCheckReport, detail: bool) -> str:
     """The one line a failed check ends with."""
-    from fastgen.utils.rank_check import stuck_message
+    from fastgen.distributed.rank_check import stuck_message
 
     if report.stuck:
         hint = "" if detail else "; --detail runs the workers with TORCH_DISTRIBUTED_DEBUG=DETAIL"
@@ -146,7 +146,7 @@ def _fail_worker(message: str, primary: bool) -> None:
     """End this rank with exit code 1: a worker of a launcher hands the line to it (the launcher prints a primary
     one first), a process without one prints it if primary. ``os._exit``: after a stuck rank no collective -
     teardown included - would end."""
-    from fastgen.utils.launch import launched, record_worker_error
+    from fastgen.distributed.launch import launched, record_worker_error
 
     if not (launched() and record_worker_error(message, secondary=not primary)) and primary:
         print_error(message)
@@ -160,7 +160,7 @@ def render(report: RankCheckReport, config: str, checkpoint: Optional[str]) -> N
     from rich.markup import escape
     from rich.table import Table
 
-    from fastgen.utils.rank_check import TIERS
+    from fastgen.distributed.rank_check import TIERS
 
     console = out()
     title = f"check-ranks: {report.world_size} rank(s), config {config}"
@@ -192,7 +192,7 @@ def render(report: RankCheckReport, config: str, checkpoint: Optional[str]) -> N
     if len(report.findings) > MAX_LINES:
         console.print(f"... and {len(report.findings) - MAX_LINES} more mismatches", soft_wrap=True)
     if report.stuck:
-        from fastgen.utils.rank_check import stuck_message
+        from fastgen.distributed.rank_check import stuck_message
 
         console.print(f"[bold red]stuck[/bold red] (liveness) {escape(stuck_message(report.stuck, report.timeout_s))}",
                       soft_wrap=True)

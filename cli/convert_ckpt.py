@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-
 from fastgen.cli.common import console, interactive, out, setup_logging
 
 EPILOG = """\b
@@ -59,7 +58,7 @@ def convert_ckpt(
     if merge_lora:
         if to not in (None, "pth") or dtype is not None:
             raise UsageError("--merge-lora writes a .pth in the weights' own dtype: drop --to / --dtype")
-        from fastgen.utils.lora_utils import export_merged
+        from fastgen.checkpoint.convert import export_merged
 
         done = export_merged(src, dst, only=only)
         counts = ", ".join(f"{name}: {count} layers" for name, count in done["merged"].items())
@@ -70,7 +69,7 @@ def convert_ckpt(
         raise UsageError("--piece-mb must be positive")
     import time
 
-    from fastgen.utils.convert import convert_checkpoint
+    from fastgen.checkpoint.convert import convert_checkpoint
 
     start = time.perf_counter()
     bar = _ProgressBar() if interactive() else None

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-
 from fastgen.cli.common import console, out, setup_logging
 
 EPILOG = """\b
@@ -55,7 +54,7 @@ def ema(
 
     target = Path(out_path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    from fastgen.utils.checkpointer import FORMAT
+    from fastgen.checkpoint.checkpointer import FORMAT
 
     with atomic_open(target) as handle:
         torch.save({"format": FORMAT, "version": 1, "iteration": info["t"], "model": {"net": state},

@@ -1,5 +1,5 @@
 """What the commands that start workers share (``fastgen train``, ``fastgen check-ranks``): the torchrun-style
-launch options, the worker's command line, and the launch through torchrun's agent (``fastgen.utils.launch``)."""
+launch options, the worker's command line, and the launch through torchrun's agent (``fastgen.distributed.launch``)."""
 
 from __future__ import annotations
 
@@ -62,11 +62,12 @@ def worker_argv(argv: list[str]) -> list[str]:
 
 def launch_workers(config: BaseConfig, nproc_per_node: int, nnodes: str, node_rank: int, rdzv_endpoint: Optional[str],
                    rdzv_id: Optional[str], max_restarts: int = 0) -> None:
-    """Start the workers through torchrun's agent (fastgen.utils.launch) with this command minus the launch flags.
+    """Start the workers through torchrun's agent (fastgen.distributed.launch) with this command minus the launch flags.
     The config was resolved here first, so a bad config fails once, before any worker starts."""
     from fastgen.cli.common import ARGV
+
+    from fastgen.distributed.launch import launch, torchrun_args
     from fastgen.utils.errors import ConfigError
-    from fastgen.utils.launch import launch, torchrun_args
 
     if not (config.trainer.ddp or config.trainer.fsdp):
         raise ConfigError("torchrun distributes training only when the config sets trainer.ddp or trainer.fsdp: add "

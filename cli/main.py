@@ -16,7 +16,6 @@ from typing import Optional
 os.environ.setdefault("TYPER_USE_RICH", "0")
 
 import typer  # noqa: E402
-
 from fastgen.cli import check_ranks as check_ranks_cmd  # noqa: E402
 from fastgen.cli import convert_ckpt as convert_ckpt_cmd  # noqa: E402
 from fastgen.cli import download_data as download_data_cmd  # noqa: E402
@@ -80,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run(argv: list[str] | None) -> None:
     from fastgen.cli import common
+
     from fastgen.utils.errors import FastGenError
 
     common.ARGV = list(sys.argv[1:] if argv is None else argv)
@@ -103,14 +103,15 @@ def _run(argv: list[str] | None) -> None:
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 1
         if debug:
             raise
-        text = " ".join(str(exc).split())
-        _fail(f"{type(exc).__name__}: {text} (run with FASTGEN_DEBUG=1 for the traceback)", 1,
+        from fastgen.utils.errors import one_line
+
+        _fail(f"{one_line(exc)} (run with FASTGEN_DEBUG=1 for the traceback)", 1,
               secondary=_follows_another_rank(exc))
 
 
 def _in_multi_rank_job() -> bool:
     """A launcher started this process as one rank of several (``WORLD_SIZE``; read here without importing torch,
-    which ``fastgen.utils.distributed.launched_world_size`` needs)."""
+    which ``fastgen.distributed.group.launched_world_size`` needs)."""
     return os.environ.get("WORLD_SIZE", "1") not in ("", "1")
 
 
@@ -165,10 +166,11 @@ def _fail(message: str, code: int, secondary: bool = False) -> None:
     """End the command with one line. A worker of a multi-rank run names its rank; one started by `fastgen ...
     --nproc-per-node` leaves the line to its launcher, which reports the rank that failed first."""
     from fastgen.cli.common import print_error
-    from fastgen.utils.distributed import get_rank, launched_world_size
+
+    from fastgen.distributed.group import get_rank, launched_world_size
 
     if launched_world_size() > 1:
-        from fastgen.utils.launch import launched, record_worker_error
+        from fastgen.distributed.launch import launched, record_worker_error
 
         message = f"rank {get_rank()}: {message}"
         if launched() and record_worker_error(message, secondary=secondary, exit_code=code):
@@ -181,7 +183,7 @@ def _follows_another_rank(exc: BaseException) -> bool:
     """A collective that failed because a peer went away: the peer's own failure is the one to report."""
     if not _in_multi_rank_job():
         return False
-    from fastgen.utils.distributed import is_peer_failure
+    from fastgen.distributed.group import is_peer_failure
 
     return is_peer_failure(exc)
 

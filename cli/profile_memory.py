@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
-from typer.core import TyperCommand, TyperGroup
-
 from fastgen.cli.common import DEFAULT_RECIPE, console, interactive, out, setup_logging
+from typer.core import TyperCommand, TyperGroup
 
 if TYPE_CHECKING:
     from fastgen.configs.config import BaseConfig
@@ -102,8 +101,8 @@ def profile(
     if output is not None and Path(output).suffix not in ("", ".html"):
         raise UsageError(f"--out must name an .html file, got {output}")
     resolved = profile_config(config, overrides, iters, output)
+    from fastgen.distributed import group as dist_utils
     from fastgen.trainer import Trainer
-    from fastgen.utils import distributed as dist_utils
 
     extra: dict[str, Any] = {}
     if interactive():

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
-
 from fastgen.cli.common import console, interactive, out, print_error, resolve_config, setup_logging
 from fastgen.cli.launching import (
     PANEL,
@@ -96,9 +95,9 @@ def train(
         show_plan(resolved, as_yaml=False)
         return
     from fastgen.cli.progress import ProgressBarCallback
-    from fastgen.trainer import Trainer
 
-    from fastgen.utils.distributed import get_rank, launched_world_size
+    from fastgen.distributed.group import get_rank, launched_world_size
+    from fastgen.trainer import Trainer
 
     rank0 = get_rank() == 0
     extra = {"_progress_bar": ProgressBarCallback(console())} if interactive() and rank0 else {}
@@ -129,10 +128,10 @@ def _evaluate(model, config, n: int, run_dir) -> None:  # noqa: ANN001 - a metho
 
     from rich.table import Table
 
+    from fastgen.distributed.group import is_rank0
     from fastgen.evaluation.evaluate import evaluate_model
     from fastgen.evaluation.sampling import dataset_of_config
     from fastgen.evaluation.teacher_cache import teacher_metrics
-    from fastgen.utils.distributed import is_rank0
     from fastgen.utils.io import atomic_write_text
 
     dataset = dataset_of_config(config)

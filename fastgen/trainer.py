@@ -37,7 +37,7 @@ checkpoint is saved, and ``TrainingInterrupted`` is raised (exit code 128 + sign
 once. Starting the same command again resumes exactly. Before the first step, either signal raises at once
 (``StartUpInterrupted`` for SIGTERM) and the run directory the run made is removed.
 
-Nothing here assumes one process: ranks, the device and all-reduces go through ``fastgen.utils.distributed``.
+Nothing here assumes one process: ranks, the device and all-reduces go through ``fastgen.distributed.group``.
 """
 
 from __future__ import annotations
@@ -55,10 +55,12 @@ import torch
 
 from fastgen.callbacks.callback import Callback, CallbackDict
 from fastgen.callbacks.loss_scale import LossScaleCallback
+from fastgen.checkpoint.manager import CheckpointManager, TrainingState, load_pretrained
 from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
-from fastgen.utils import distributed as dist_utils
-from fastgen.utils.checkpoint_manager import CheckpointManager, TrainingState, load_pretrained
+from fastgen.distributed import group as dist_utils
+from fastgen.distributed.parallelize import apply_compile, parallelize, set_gradient_sync
+from fastgen.utils.amp import autocast
 from fastgen.utils.errors import (
     CheckpointError,
     ConfigError,
@@ -66,10 +68,9 @@ from fastgen.utils.errors import (
     StartUpInterrupted,
     TrainingInterrupted,
     UsageError,
+    one_line,
 )
-from fastgen.utils.amp import autocast
 from fastgen.utils.logging import get_logger
-from fastgen.utils.parallelize import apply_compile, parallelize, set_gradient_sync
 from fastgen.utils.rng import seed_everything
 from fastgen.utils.schedules import warn_on_schedule_length_mismatches
 
@@ -191,16 +192,6 @@ def _start_up_interrupted(signum: int) -> StartUpInterrupted:
                               "nothing was saved", signum)
 
 
-def _one_line(exc: BaseException) -> str:
-    """An exception as the one line the command line prints for it."""
-    from fastgen.utils.errors import FastGenError
-
-    text = " ".join(str(exc).split())
-    if isinstance(exc, FastGenError):
-        return text
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def _log_modules(model: Any) -> None:
     """DEBUG: every network the method built - parameters, trainable, device, dtype."""
     if not logger.isEnabledFor(10):
@@ -314,7 +305,7 @@ class Trainer:
             except BaseException as exc:
                 self.exception = exc
                 if dist_utils.get_world_size() > 1:
-                    dist_utils.report_failure(_one_line(exc), secondary=dist_utils.is_peer_failure(exc),
+                    dist_utils.report_failure(one_line(exc), secondary=dist_utils.is_peer_failure(exc),
                                               exit_code=getattr(exc, "exit_code", 1))
                 raise
             finally:
@@ -383,10 +374,10 @@ class Trainer:
         dist_utils.barrier()
 
     def _lock_run_dir(self) -> None:
-        """Rank 0 takes the run directory's lock before anything is written there (``fastgen.utils.run_lock``). A
+        """Rank 0 takes the run directory's lock before anything is written there (``fastgen.checkpoint.run_lock``). A
         run refused because another holds it never removes the directory: it is the other run's, even when both
         started at once and each believed it was creating it."""
-        from fastgen.utils.run_lock import RunDirectoryBusy, RunLock
+        from fastgen.checkpoint.run_lock import RunDirectoryBusy, RunLock
 
         lock = RunLock(self.run_dir)
         try:
@@ -453,7 +444,7 @@ class Trainer:
     def _build_model(self, fresh: bool) -> Any:
         """Build the method with the shared seed; on a fresh run load its initial weights (teacher, student init,
         ``pretrained_ckpt_path``) while the networks are still whole; then replicate or shard them
-        (``fastgen.utils.parallelize``). With ``model.meta_init`` see ``_build_on_meta``."""
+        (``fastgen.distributed.parallelize``). With ``model.meta_init`` see ``_build_on_meta``."""
         if self.config.model.meta_init:
             model = self._build_on_meta(fresh)
         else:
@@ -477,7 +468,7 @@ class Trainer:
         full copy of the weights on the host, rank 0's, instead of one per rank. Replicated (DDP) networks are
         allocated whole and replicated after the weights arrive. On a resume the real build skips the initial
         weights (the checkpoint then overwrites every network it holds)."""
-        from fastgen.utils.parallelize import broadcast_full_weights
+        from fastgen.distributed.parallelize import broadcast_full_weights
 
         with torch.device("meta"):
             model = instantiate(self.config.model_class, config=self.config.model)
@@ -526,7 +517,7 @@ class Trainer:
                     f"trainer.resume=False, but {self.checkpoints.location} already holds another run's checkpoints "
                     f"(newest {Path(existing[-1][1]).name}): a run directory holds one run, so give this one its "
                     "own log_config.name, or resume that run with trainer.resume=True")
-            latest = self.checkpoints.latest() if existing else None
+            latest = self.checkpoints.latest(existing) if existing else None
             if existing and latest is None:  # never start over because no checkpoint could be read
                 raise CheckpointError(
                     f"every checkpoint in {self.checkpoints.location} is corrupt or truncated (newest "

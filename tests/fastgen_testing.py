@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from ports import free_port  # noqa: F401 - re-exported: the tests import it from here
 
 from fastgen.callbacks.callback import HOOKS, Callback
 from fastgen.configs.callbacks import EMA_CALLBACK, GradClip_CALLBACK
@@ -17,7 +18,6 @@ from fastgen.configs.config import BaseConfig
 from fastgen.configs.data import toy_loader
 from fastgen.configs.methods.config_sft import create_config as sft_config
 from fastgen.configs.net import toy_mlp
-from ports import free_port  # noqa: F401 - re-exported: the tests import it from here
 
 FASTGEN = str(Path(sys.executable).parent / "fastgen")
 
@@ -96,7 +96,7 @@ def state_tensors(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 def assert_same_weights(path_a: Path, path_b: Path) -> None:
     """Two checkpoints hold bit-identical model and optimizer tensors."""
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.checkpoint.checkpointer import load_checkpoint
 
     a, b = state_tensors(load_checkpoint(path_a)), state_tensors(load_checkpoint(path_b))
     assert a.keys() == b.keys()
@@ -125,7 +125,7 @@ def assert_same_tree(a: Any, b: Any, where: str = "checkpoint") -> None:
 def assert_same_checkpoint(path_a: Path, path_b: Path) -> None:
     """Two checkpoints are identical in everything they hold: every module, optimizer and scheduler state, every
     random stream, the callbacks' and data loaders' state (tensors bit for bit, with dtype and shape)."""
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.checkpoint.checkpointer import load_checkpoint
 
     assert_same_tree(load_checkpoint(path_a), load_checkpoint(path_b))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fastgen.callbacks.callback import Callback
-from fastgen.utils import distributed as dist_utils
+from fastgen.distributed import group as dist_utils
 
 
 class LossLog(Callback):
@@ -216,7 +216,7 @@ class FailSave(Callback):
             return
         from torch.distributed.checkpoint import FileSystemWriter
 
-        import fastgen.utils.checkpointer as files
+        import fastgen.checkpoint.checkpointer as files
 
         probe, write_data, atomic = self, FileSystemWriter.write_data, files.atomic_write_with
 
@@ -280,9 +280,9 @@ class CountHostCopies(Callback):
         self.folder = Path(folder)
 
     def on_app_begin(self) -> None:
-        import fastgen.utils.checkpoint_manager as manager
-        import fastgen.utils.parallelize as parallelize
-        from fastgen.utils.s3 import S3Storage
+        import fastgen.checkpoint.manager as manager
+        import fastgen.distributed.parallelize as parallelize
+        from fastgen.checkpoint.s3 import S3Storage
 
         out = self.folder / f"copies{dist_utils.get_rank()}"
 

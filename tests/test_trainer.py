@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from fastgen_testing import HookRecorder, tiny_toy_config
 
 from fastgen.callbacks.callback import Callback, CallbackDict
+from fastgen.checkpoint.checkpointer import load_checkpoint
 from fastgen.configs.instantiate import LazyCall
 from fastgen.trainer import Trainer
-from fastgen.utils.checkpointer import load_checkpoint
 from fastgen.utils.errors import CheckpointError, ConfigError, UsageError
-from fastgen_testing import HookRecorder, tiny_toy_config
 
 SETUP = [
     ("on_app_begin", None),
@@ -378,7 +378,7 @@ class SlowWrites(Callback):
 
     def on_save_checkpoint_start(self, model, iteration: int = 0) -> None:  # noqa: ANN001
         if iteration == self.iteration:
-            import fastgen.utils.checkpoint_store as store
+            import fastgen.checkpoint.stores as store
 
             original, release = store.torch_save_to, self.release
 

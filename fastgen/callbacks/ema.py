@@ -49,7 +49,6 @@ Checkpoints: the online and EMA networks' ``state_dict`` tensors are views into 
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import Any, Literal, NamedTuple
 
@@ -59,6 +58,7 @@ from torch import nn
 from fastgen.callbacks.callback import Callback
 from fastgen.utils.errors import ConfigError
 from fastgen.utils.logging import get_logger
+from fastgen.utils.posthoc_ema import gamma_from_sigma_rel
 
 logger = get_logger(__name__)
 
@@ -70,37 +70,6 @@ _MAX_RELAYOUTS = 3
 DEFAULT_GAMMA = 6.94  # the power EMA's default exponent: sigma_rel ~ 0.10 (EDM2's wider profile)
 
 
-def sigma_rel_from_gamma(gamma: float) -> float:
-    """The relative standard deviation of the power-function EMA profile with exponent ``gamma`` (EDM2, Karras et
-    al. 2024, appendix Eq. 123): ``sigma_rel = (gamma + 1)^(1/2) / ((gamma + 2) (gamma + 3)^(1/2))``."""
-    return math.sqrt(gamma + 1.0) / ((gamma + 2.0) * math.sqrt(gamma + 3.0))
-
-
-SIGMA_REL_MAX = sigma_rel_from_gamma(0.0)  # 1 / (2 sqrt 3) ~ 0.289: the widest profile with gamma >= 0
-
-
-def gamma_from_sigma_rel(sigma_rel: float) -> float:
-    """The exponent ``gamma >= 0`` whose power-function EMA has relative width ``sigma_rel`` (the inverse of
-    :func:`sigma_rel_from_gamma`; EDM2 solves the same relation as a cubic, its appendix Eq. 126).
-
-    ``sigma_rel(gamma)`` falls strictly on ``gamma >= 0`` (its log-derivative ``1/(gamma+1) - 2/(gamma+2) -
-    1/(gamma+3)`` is negative there), from ``1/(2 sqrt 3)`` at 0 towards 0, so bisection finds the one root.
-    """
-    if not 0.0 < sigma_rel <= SIGMA_REL_MAX:
-        raise ConfigError(f"EMA sigma_rel={sigma_rel} is out of range: the power-function EMA reaches relative "
-                          f"widths in (0, {SIGMA_REL_MAX:.4f}] (gamma >= 0)")
-    low, high = 0.0, 1.0
-    while sigma_rel_from_gamma(high) > sigma_rel:
-        low, high = high, 2.0 * high
-    for _ in range(200):  # far more halvings than float64 can resolve; stops early once the bracket is exhausted
-        mid = 0.5 * (low + high)
-        if mid in (low, high):
-            break
-        if sigma_rel_from_gamma(mid) > sigma_rel:
-            low = mid
-        else:
-            high = mid
-    return 0.5 * (low + high)
 
 
 def ema_beta(kind: str, iteration: int, *, beta: float = 0.999, gamma: float = DEFAULT_GAMMA,
@@ -170,7 +139,7 @@ def flatten_parameters_(params: list[nn.Parameter]) -> torch.Tensor:
 
 def _local_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """The tensors this rank stores: FSDP2 shards (DTensors) as their local shards. The EMA network is sharded
-    exactly like ``net`` (``fastgen.utils.parallelize``), so the two local shards line up element for element and
+    exactly like ``net`` (``fastgen.distributed.parallelize``), so the two local shards line up element for element and
     the update needs no communication - also for uneven shards, which are equally uneven in both."""
     try:
         from torch.distributed.tensor import DTensor
@@ -382,8 +351,8 @@ class EMACallback(Callback):
         (``fastgen ema``). Written by rank 0: under FSDP2 gathered from every rank's shards (a collective all
         ranks join); replicated or single-process, rank 0 alone copies its whole network to the host - the other
         ranks' copies would be thrown away."""
-        from fastgen.utils import distributed as dist_utils
-        from fastgen.utils.parallelize import full_state_dict, has_sharded_parameters
+        from fastgen.distributed import group as dist_utils
+        from fastgen.distributed.parallelize import full_state_dict, has_sharded_parameters
 
         ema = model.ema_nets[self.ema_name]
         if not (dist_utils.is_rank0() or has_sharded_parameters(ema)):

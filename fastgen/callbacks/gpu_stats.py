@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from fastgen.callbacks.callback import Callback
-from fastgen.utils import distributed as dist_utils
+from fastgen.distributed import group as dist_utils
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)

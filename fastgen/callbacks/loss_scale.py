@@ -28,7 +28,7 @@ import torch
 
 from fastgen.callbacks.callback import Callback
 from fastgen.callbacks.grad_clip import _local_gradients
-from fastgen.utils import distributed as dist_utils
+from fastgen.distributed import group as dist_utils
 from fastgen.utils.errors import ConfigError
 from fastgen.utils.logging import get_logger
 

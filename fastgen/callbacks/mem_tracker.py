@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from fastgen.callbacks.callback import Callback
-from fastgen.utils import distributed as dist_utils
+from fastgen.distributed import group as dist_utils
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -114,7 +114,7 @@ class MemTrackerCallback(Callback):
             self._notes.append(f"no config summary ({type(exc).__name__}: {exc})")
         if self.estimate:
             try:
-                from fastgen.profiling.estimate import estimate_memory
+                from fastgen.profiling.plan import estimate_memory
 
                 # Building the model, even on the meta device, must not move the random streams of the run.
                 with torch.random.fork_rng(devices=[]):

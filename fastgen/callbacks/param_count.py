@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from fastgen.callbacks.callback import Callback
-from fastgen.utils import distributed as dist_utils
+from fastgen.distributed import group as dist_utils
 from fastgen.utils.logging import get_logger
 
 try:

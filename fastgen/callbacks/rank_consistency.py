@@ -12,7 +12,7 @@ shards are meant to differ; replicated DTensors are checked through their local 
 ``rank_consistency/checked_tensors``.
 
 The fingerprint (its exact formula and properties) and the comparison across ranks live in
-``fastgen.utils.fingerprint``, shared with ``fastgen check-ranks``, which runs the same comparison - and checks
+``fastgen.distributed.fingerprint``, shared with ``fastgen check-ranks``, which runs the same comparison - and checks
 sharded tensors against the checkpoint each rank read - before a job trains.
 """
 
@@ -23,15 +23,15 @@ from typing import Any
 import torch
 
 from fastgen.callbacks.callback import Callback
-from fastgen.utils import distributed as dist_utils
-from fastgen.utils.errors import FastGenRuntimeError
-from fastgen.utils.fingerprint import (  # noqa: F401 - tensor_fingerprint: re-exported for existing imports
+from fastgen.distributed import group as dist_utils
+from fastgen.distributed.fingerprint import (  # noqa: F401 - tensor_fingerprint: re-exported for existing imports
     disagreements,
     fingerprint_tensors,
     gather_fingerprints,
     is_sharded,
     tensor_fingerprint,
 )
+from fastgen.utils.errors import FastGenRuntimeError
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)

@@ -56,7 +56,7 @@ import torch
 
 from fastgen.callbacks.callback import Callback
 from fastgen.callbacks.log_modules.base import LogModule, MediaEntry, gather_to_rank0
-from fastgen.utils import distributed as dist_utils
+from fastgen.distributed import group as dist_utils
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -78,7 +78,7 @@ def resolve_wandb_mode(configured: str) -> str:
 
 def _is_sharded(module: Any) -> bool:
     """True when ``module`` holds FSDP2-sharded parameters: every rank must then run its forward together."""
-    from fastgen.utils.parallelize import has_sharded_parameters
+    from fastgen.distributed.parallelize import has_sharded_parameters
 
     return has_sharded_parameters(module)
 

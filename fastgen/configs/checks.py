@@ -154,9 +154,14 @@ def _check_nested(path: str, value: Any) -> None:
             _check_nested(f"{path}[{i}]", item)
 
 
-def _check_callback_class(path: str, node: Any) -> None:
-    from fastgen.callbacks.callback import Callback
+# The config system sits below the layers it configures and names their classes by dotted path, as every
+# ``_target_`` does (docs/architecture.md): it reaches them through ``locate``, never by an import.
+CALLBACK_BASE = "fastgen.callbacks.callback.Callback"
+PREPARE_HINT = "fastgen.datasets.prepare.prepare_hint"
 
+
+def _check_callback_class(path: str, node: Any) -> None:
+    Callback = locate(CALLBACK_BASE)  # noqa: N806 - a class
     try:
         factory = locate(str(node[TARGET_KEY]))
     except ImportError as exc:
@@ -238,8 +243,6 @@ def _check_path_value(key: str, value: Any) -> None:
         location = Path(text).expanduser()
         if location.exists():
             continue
-        from fastgen.datasets.prepare import prepare_hint
-
-        hint = prepare_hint(location)
+        hint = locate(PREPARE_HINT)(location)
         how = f"prepare it with `{hint}`, or set {key}=<path>" if hint else f"set {key}=<path to your data>"
         raise ConfigError(f"{key}: {location} does not exist; {how}")

@@ -50,13 +50,13 @@ Fields that matter for scaling:
 * ``model.activation_checkpointing`` - every block (``shard_units()``) of the trained networks stores only its input
   in forward and recomputes its activations in backward: activation memory drops to the block inputs plus one
   block's, for about one more forward pass per step. Checkpoint keys are unchanged; composes with DDP and FSDP2
-  (``fastgen.utils.parallelize.apply_activation_checkpointing``).
+  (``fastgen.distributed.parallelize.apply_activation_checkpointing``).
 * ``model.net_adapter`` - LoRA: a LazyCall of ``fastgen.utils.lora_utils.LoRAAdapter`` (rank, alpha, dropout,
   target-module patterns). Only the adapter trains and is checkpointed; the frozen base is rebuilt from the
   teacher or ``trainer.checkpointer.pretrained_ckpt_path`` on every start; ``convert-ckpt --merge-lora`` exports
   merged weights. ``fastgen/utils/lora_utils.py`` documents it.
 * ``model.torch_compile_mode`` - ``torch.compile`` mode (``default``, ``reduce-overhead``, ``max-autotune``,
-  ``max-autotune-no-cudagraphs``) for the trained networks, block by block (``fastgen.utils.parallelize.
+  ``max-autotune-no-cudagraphs``) for the trained networks, block by block (``fastgen.distributed.parallelize.
   apply_compile``); ``None`` (the default): eager. Compilation happens at the first step (minutes for a large
   network); a failure there stops the run with one line naming this field. Composes with ``trainer.ddp`` /
   ``trainer.fsdp``: blocks are compiled in place after ``replicate`` / ``fully_shard`` (2-rank compiled runs
@@ -109,7 +109,7 @@ class CheckpointerConfig(StrictConfig):
     save_dir: str = "checkpoints"
     # Keep checkpoints in S3 under s3://<s3_container>/<project>/<group>/<name>/<save_dir> (s3_container is
     # "bucket/prefix"; credentials from credentials_dir/s3.json or AWS_* variables). An s3:// save_dir is used as
-    # it is. See fastgen/utils/checkpoint_store.py.
+    # it is. See fastgen/checkpoint/stores.py.
     use_s3: bool = False
     s3_container: Optional[str] = None
     # Weights to start a *new* run from (e.g. a teacher, or a monolithic checkpoint for an FSDP run): a local
@@ -118,7 +118,7 @@ class CheckpointerConfig(StrictConfig):
     # Keep only the newest N checkpoints (None keeps all); a sharded checkpoint's folder goes with its marker.
     keep_last_n: Optional[int] = None
     # Write checkpoints in the background while training continues (at most one save in flight; the run waits
-    # for the last one before it exits). See fastgen/utils/checkpoint_manager.py.
+    # for the last one before it exits). See fastgen/checkpoint/manager.py.
     async_save: bool = False
 
 

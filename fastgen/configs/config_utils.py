@@ -39,7 +39,7 @@ from fastgen.configs.schema import (
     to_plain,
     validate_tree,
 )
-from fastgen.utils.errors import ConfigError
+from fastgen.utils.errors import ConfigError, first_line
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -171,7 +171,7 @@ def _config_from_python(path: Path) -> BaseConfig:
         raise
     except Exception as exc:  # noqa: BLE001 - a user's config code: name where it failed, in one line
         raise ConfigError(f"create_config() in {path} raised {type(exc).__name__}{_where_in(exc, path)}: "
-                          f"{_first_line(exc)}") from None
+                          f"{first_line(exc)}") from None
     if not isinstance(config, BaseConfig):
         raise ConfigError(
             f"create_config() in {path} returned {type(config).__name__}, expected a BaseConfig"
@@ -179,11 +179,6 @@ def _config_from_python(path: Path) -> BaseConfig:
     if config.log_config.name is None:
         config.log_config.name = path.stem
     return config
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _where_in(exc: BaseException, path: Path) -> str:
@@ -203,7 +198,7 @@ def config_from_yaml(path: Path) -> BaseConfig:
     except Exception as exc:  # omegaconf/yaml raise several types for malformed files
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or _first_line(exc)
+        problem = getattr(exc, "problem", None) or first_line(exc)
         raise ConfigError(f"cannot parse {path}{where}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} does not hold a config mapping")

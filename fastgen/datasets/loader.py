@@ -10,7 +10,7 @@ one vectorised index; others are collated item by item.
 position, ``epoch * len(dataset) + p`` where ``p`` is its position in the epoch's order. Rank ``r`` of ``W`` takes
 positions ``r, r + W, ...``, so the same sample gets the same id whatever ``W`` is - a 1-rank batch of ``2B``
 covers exactly the positions two ranks' batches of ``B`` cover - and the method keys its training noise by these
-ids (``fastgen.utils.keyed_rng``), which makes a run's result independent of the world size. A loader's position
+ids (``fastgen.distributed.keyed_rng``), which makes a run's result independent of the world size. A loader's position
 is stored as a global position too, so a checkpoint resumes at another world size (with the same global batch)
 on exactly the samples an uninterrupted run would have seen next.
 
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from fastgen.utils import distributed as dist_utils
+from fastgen.distributed import group as dist_utils
 from fastgen.utils.errors import UsageError
 
 

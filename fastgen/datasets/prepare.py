@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastgen.datasets.download import Checksum, DownloadError, Progress, fetch
-from fastgen.datasets.image_zip import inspect_image_set, write_image_zip
+from fastgen.datasets.image_files import inspect_image_set, write_image_zip
 from fastgen.utils.errors import FastGenRuntimeError, UsageError
 from fastgen.utils.io import atomic_write_text
 from fastgen.utils.logging import get_logger

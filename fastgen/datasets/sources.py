@@ -193,7 +193,7 @@ def center_crop_resize(path: Path, resolution: int) -> np.ndarray:
 
 def imagenet_png(item: tuple[Path, int], resolution: int = 64) -> tuple[bytes, int]:
     """One ImageNet file as (uncompressed PNG bytes, label); a top-level function so a process pool can run it."""
-    from fastgen.datasets.image_zip import encode_png
+    from fastgen.datasets.image_files import encode_png
 
     path, label = item
     return encode_png(center_crop_resize(path, resolution)), label
@@ -201,7 +201,7 @@ def imagenet_png(item: tuple[Path, int], resolution: int = 64) -> tuple[bytes, i
 
 def encoded(images: np.ndarray, labels: np.ndarray) -> Iterator[tuple[bytes, int]]:
     """In-memory images as (PNG bytes, label) pairs, in order."""
-    from fastgen.datasets.image_zip import encode_png
+    from fastgen.datasets.image_files import encode_png
 
     for image, label in zip(images, labels):
         yield encode_png(image), int(label)

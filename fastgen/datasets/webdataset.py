@@ -11,7 +11,7 @@ first one a sample has wins (``{"real": "png;jpg", "condition": "cls"}``).
 
 **Sources.** ``datatags`` is a list of ``WDS:<location>``: a local folder (every ``*.tar`` below it), one ``.tar``
 file, or ``s3://bucket/prefix`` (every ``.tar`` key below it, listed with boto3 and streamed with ranged GETs
-through ``fastgen.utils.s3.S3Storage``: the same credentials, endpoint and retries as S3 checkpoints). A read that
+through ``fastgen.checkpoint.s3.S3Storage``: the same credentials, endpoint and retries as S3 checkpoints). A read that
 breaks off mid-shard is reopened at the byte it stopped at, so a dropped connection costs a request, not the
 shard. Shard lists are sorted, so every process derives the same one without communication.
 
@@ -64,7 +64,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from fastgen.utils import distributed as dist_utils
+from fastgen.distributed import group as dist_utils
 from fastgen.utils.errors import FastGenRuntimeError, UsageError
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ TAG = "WDS"
 IMAGE_FIELDS = ("png", "jpg", "jpeg", "webp", "bmp")
 DEFAULT_FIELDS = {"real": "png;jpg;jpeg;webp;npy"}
 READ_SIZE = 1 << 20  # bytes per read from a shard (tarfile's own default, 10 KiB, means many small S3 reads)
-ID_BITS = 52  # sample ids stay below 2**52 (fastgen.utils.keyed_rng hashes ids in two words of that range)
+ID_BITS = 52  # sample ids stay below 2**52 (fastgen.distributed.keyed_rng hashes ids in two words of that range)
 
 
 # ------------------------------------------------------------------------------------------------- sources
@@ -103,7 +103,7 @@ _STORAGE: dict[int, Any] = {}
 def _storage() -> Any:
     """This process's S3 client (one per process: a forked DataLoader worker makes its own), from the
     environment's credentials (``credentials_dir/s3.json`` is exported there when a run starts)."""
-    from fastgen.utils.s3 import S3Storage
+    from fastgen.checkpoint.s3 import S3Storage
 
     pid = os.getpid()
     if pid not in _STORAGE:
@@ -114,7 +114,7 @@ def _storage() -> Any:
 
 def list_shards(locations: Sequence[str], storage: Any = None) -> list[str]:
     """Every ``.tar`` shard of ``locations`` (local paths or ``s3://`` URLs), sorted within each location."""
-    from fastgen.utils.s3 import S3Location, is_s3_url
+    from fastgen.checkpoint.s3 import S3Location, is_s3_url
 
     shards: list[str] = []
     for location in locations:
@@ -144,7 +144,7 @@ class _S3RangeReader(io.RawIOBase):
     at the byte it reached (botocore retries the request itself, not a body that breaks off)."""
 
     def __init__(self, storage: Any, url: str, start: int, reopen_attempts: int = 3) -> None:
-        from fastgen.utils.s3 import S3Location
+        from fastgen.checkpoint.s3 import S3Location
 
         self.storage = storage
         self.location = S3Location.parse(url)
@@ -209,7 +209,7 @@ def _size(handle: Any) -> int:
 
 def open_shard(url: str, start: int, storage: Any = None) -> io.BufferedIOBase:
     """Shard ``url`` as a binary stream positioned at byte ``start``."""
-    from fastgen.utils.s3 import is_s3_url
+    from fastgen.checkpoint.s3 import is_s3_url
 
     if is_s3_url(url):
         return io.BufferedReader(_S3RangeReader(storage or _storage(), url, start), buffer_size=READ_SIZE)

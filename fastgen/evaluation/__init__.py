@@ -28,7 +28,7 @@ _EXPORTS = {
     "detect_dataset": "evaluate",
     "load_sample_files": "evaluate",
     "draw_samples": "sampling",
-    "load_run": "sampling",
+    "load_run": "sampling",  # fastgen.checkpoint.run, re-exported there
     "select_net": "sampling",
     "save_samples": "sampling",
     "dataset_of_config": "sampling",

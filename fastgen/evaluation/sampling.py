@@ -1,13 +1,7 @@
 """Draw samples from a trained method - from a checkpoint on disk or a model in memory - and save them.
 
-* ``find_checkpoint(path)`` - ``path`` is a checkpoint, a checkpoints folder or a run directory (then its
-  newest valid checkpoint), local or ``s3://`` (``fastgen.utils.checkpoint_source``); the run's ``config.yaml``
-  is found next to it.
-* ``load_run(path, device)`` - builds the method exactly as training did,
-  ``instantiate(config.model_class, config=config.model)``, and loads every module of ``payload["model"]``
-  strictly (read by the safe unpickler, ``fastgen.utils.safe_pickle``).
-* ``select_net(model, "net" | "ema" | "teacher")`` - the trained network, its first EMA copy, or the method's
-  teacher (``model.teacher``, present in distillation methods).
+* ``load_run(path, device)`` and ``select_net(run, "net" | "ema" | "teacher")`` - a run rebuilt from a checkpoint,
+  a checkpoints folder or a run directory, and the network to sample (``fastgen.checkpoint.run``; re-exported).
 * ``draw_samples(model, n, seed, ...)`` - ``n`` samples in batches through the method's own
   ``generator_fn(net, noise, steps=..., condition=...)``, so each method decides how its network samples
   (Heun for diffusion models, one step for a DMD2 student...).
@@ -27,7 +21,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +28,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from fastgen.utils.errors import CheckpointError, UsageError
+from fastgen.checkpoint.run import LoadedRun, load_model_weights, load_run, select_net
+from fastgen.utils.errors import UsageError
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
 _MASK63 = (1 << 63) - 1
-NETS = ("net", "ema", "teacher")
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
     """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; a ``UsageError`` for a device
     this machine does not have."""
-    from fastgen.utils import distributed as dist_utils
+    from fastgen.distributed import group as dist_utils
 
     try:
         device = dist_utils.select_device(spec)
@@ -60,146 +53,6 @@ def resolve_device(spec: str = "auto") -> torch.device:
     elif device.type not in ("cpu", "mps"):
         raise UsageError(f"--device {spec}: use auto, cpu, cuda or cuda:N")
     return device
-
-
-# ------------------------------------------------------------------------------------------------ checkpoints
-def find_checkpoint(path: str | os.PathLike[str], credentials_dir: str | None = None) -> tuple[str, Path | None]:
-    """``(checkpoint, config.yaml or None)`` for a checkpoint, a checkpoints folder or a run directory, local or
-    ``s3://`` (``fastgen.utils.checkpoint_source.resolve_checkpoint``: the newest valid checkpoint)."""
-    from fastgen.utils.checkpoint_source import resolve_checkpoint
-
-    resolved = resolve_checkpoint(path, credentials_dir)
-    return resolved.checkpoint, resolved.config_yaml
-
-
-@dataclass
-class LoadedRun:
-    """A method rebuilt from a run: the model (eval mode, on ``device``), its config, where it came from."""
-
-    model: Any
-    config: Any
-    checkpoint: str  # a local path or an s3:// URL
-    config_path: Path | None
-    iteration: int
-    loaded: set[str]  # names of the modules whose weights came from the checkpoint
-    frozen_fingerprints: dict[str, str] = field(default_factory=dict)  # the checkpoint's record of its teacher
-
-    def rebuild_frozen(self) -> None:
-        """Load the frozen networks the checkpoint left out (a teacher) from their source, as training did, and
-        check them against the checkpoint's fingerprints. Only on demand (``select_net(..., "teacher")``): the
-        source may not be reachable from where the trained network is sampled."""
-        from fastgen.utils.fingerprint import network_fingerprint
-
-        model = self.model
-        missing = [name for name in getattr(model, "rebuilt_modules", {}) if name not in self.loaded]
-        if not missing:
-            return
-        model.init_frozen_weights()
-        path = self.config.trainer.checkpointer.pretrained_ckpt_path
-        if path:
-            from fastgen.utils.checkpoint_manager import load_pretrained
-
-            load_pretrained(model, path, self.config.credentials_dir, frozen_only=True)
-        device = next(model.net.parameters()).device
-        for name in missing:
-            model.model_dict[name].to(device)
-            saved = self.frozen_fingerprints.get(name)
-            if saved is not None and network_fingerprint(model.model_dict[name]) != saved:
-                raise CheckpointError(f"the {name} rebuilt from {model.frozen_source(name)} is not the one checkpoint "
-                                      f"{self.checkpoint} was trained with (its fingerprint differs)")
-            self.loaded.add(name)
-
-    @property
-    def run_dir(self) -> Path:
-        """Where outputs about the run go by default: its (local) run directory; for a bare S3 checkpoint, the
-        working directory."""
-        if self.config_path is not None:
-            return self.config_path.parent
-        return Path.cwd() if self.checkpoint.startswith("s3://") else Path(self.checkpoint).parent
-
-
-def load_model_weights(model: Any, payload: dict[str, Any], path: str | Path) -> set[str]:
-    """Load each module of ``payload["model"]`` into ``model.model_dict`` strictly; return the loaded names."""
-    from fastgen.utils.parallelize import load_full_state_dict
-
-    modules = model.model_dict
-    loaded = set()
-    for name, state in payload.get("model", {}).items():
-        if name not in modules:
-            raise CheckpointError(f"checkpoint {path} has weights for {name!r}, which this model does not have")
-        try:
-            load_full_state_dict(modules[name], state)  # strict; an adapted network takes its adapter
-        except RuntimeError as exc:
-            first = " ".join(str(exc).strip().splitlines()[:2])[:300]
-            raise CheckpointError(f"checkpoint {path}: weights of {name!r} do not fit this model ({first})") from None
-        loaded.add(name)
-    return loaded
-
-
-def load_run(path: str | os.PathLike[str], config: Any = None, device: torch.device | str = "cpu",
-             credentials_dir: str | None = None) -> LoadedRun:
-    """Rebuild the method of a run and load a checkpoint into it.
-
-    ``config``: a ``BaseConfig`` or anything ``load_config`` accepts; default the run's ``config.yaml``.
-    ``path``: a checkpoint, checkpoints folder or run directory, local or ``s3://`` (``resolve_checkpoint``)."""
-    from fastgen.configs.config_utils import load_config
-    from fastgen.configs.instantiate import instantiate
-    from fastgen.utils.checkpoint_source import read_resolved, resolve_checkpoint
-
-    resolved = resolve_checkpoint(path, credentials_dir)
-    checkpoint, config_yaml = resolved.checkpoint, resolved.config_yaml
-    if config is None:
-        if config_yaml is None:
-            where = ("an S3 prefix holds no config.yaml" if resolved.is_s3
-                     else f"looked in {Path(checkpoint).parent} and its parent")
-            raise UsageError(f"no config.yaml for {checkpoint} ({where}); pass --config (the run's config.yaml "
-                             "or its recipe)")
-        config = load_config(config_yaml)
-    elif not hasattr(config, "model_class"):
-        config = load_config(config)
-    config.model.meta_init = False  # real tensors: the checkpoint overwrites them at once
-    payload = read_resolved(resolved)
-    model = instantiate(config.model_class, config=config.model)
-    from fastgen.utils.lora_utils import is_adapted
-
-    if is_adapted(model.net):  # its checkpoints hold the adapter: the base comes from where training took it
-        from fastgen.utils.checkpoint_manager import load_pretrained
-
-        model.init_weights()
-        load_pretrained(model, config.trainer.checkpointer.pretrained_ckpt_path, config.credentials_dir)
-    loaded = load_model_weights(model, payload, checkpoint)
-    model.to(device)
-    model.eval()
-    return LoadedRun(model, config, checkpoint, config_yaml, int(payload.get("iteration", 0)), loaded,
-                     dict(payload.get("frozen_fingerprints") or {}))
-
-
-def select_net(run_or_model: Any, which: str = "net") -> nn.Module:
-    """The network to sample: ``net`` (the trained one), ``ema`` (the first EMA copy) or ``teacher``.
-
-    Given a ``LoadedRun``, also checks that the chosen network's weights came from the checkpoint."""
-    model = run_or_model.model if isinstance(run_or_model, LoadedRun) else run_or_model
-    loaded = run_or_model.loaded if isinstance(run_or_model, LoadedRun) else None
-    name = which
-    if which == "net":
-        net = model.net
-    elif which == "ema":
-        emas = getattr(model, "ema_nets", {})
-        if not len(emas):
-            raise UsageError(f"--ema: this {type(model).__name__} has no EMA network (model.use_ema is off)")
-        name = next(iter(emas.keys()))
-        net = emas[name]
-    elif which == "teacher":
-        net = getattr(model, "teacher", None)
-        if net is None:
-            raise UsageError(f"--teacher: {type(model).__name__} has no teacher (only distillation methods have one)")
-    else:
-        raise UsageError(f"unknown network {which!r}; choose one of {', '.join(NETS)}")
-    if loaded is not None and name in getattr(model, "rebuilt_modules", {}) and name not in loaded:
-        run_or_model.rebuild_frozen()
-    if loaded is not None and name in model.model_dict and name not in loaded:
-        raise CheckpointError(f"checkpoint {run_or_model.checkpoint} has no weights for {name!r}")
-    return net
 
 
 # -------------------------------------------------------------------------------------------------- sampling
@@ -365,7 +218,6 @@ __all__ = [
     "balanced_labels",
     "dataset_of_config",
     "draw_samples",
-    "find_checkpoint",
     "load_model_weights",
     "load_run",
     "resolve_device",

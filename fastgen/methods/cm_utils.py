@@ -25,6 +25,7 @@ from typing import Any, Callable, Literal
 import torch
 from torch import nn
 
+from fastgen.distributed.keyed_rng import RandomSource, rand, randn
 from fastgen.networks.noise_schedules import (
     EDMNoiseScheduler,
     NoiseScheduler,
@@ -33,7 +34,6 @@ from fastgen.networks.noise_schedules import (
     expand_like,
 )
 from fastgen.utils.errors import ConfigError
-from fastgen.utils.keyed_rng import RandomSource, rand, randn
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)

@@ -28,39 +28,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastgen.checkpoint.weights import load_network_state, load_weights
 from fastgen.configs.instantiate import instantiate
+from fastgen.distributed.keyed_rng import RandomSource, as_noise_source
 from fastgen.methods.model import FastGenModel
 from fastgen.networks.layers import as_one_hot
 from fastgen.utils.errors import CheckpointError, UsageError
-from fastgen.utils.keyed_rng import RandomSource, as_noise_source
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
-
-
-def load_weights(module: nn.Module, state: dict[str, torch.Tensor], path: object, target: str,
-                 what: str = "weights") -> None:
-    """``module.load_state_dict(state)``, or a one-line CheckpointError that names the file, the config field the
-    module comes from (``target``) and the first line of torch's mismatch report, instead of its full dump."""
-    try:
-        module.load_state_dict(state)
-    except RuntimeError as exc:
-        raise CheckpointError(f"{what} in {path} do not fit {target}: "
-                              f"{str(exc).strip().splitlines()[0][:300]}") from None
-
-
-def load_network_state(path: str, key: str = "auto") -> dict[str, torch.Tensor]:
-    """A network's state dict from a fastgen checkpoint (module ``key``; ``auto`` prefers the first EMA network,
-    which is what a trained model is evaluated with) or from a bare state-dict file: teachers, initial students."""
-    from fastgen.utils.checkpoint_store import read_whole_checkpoint
-
-    modules = read_whole_checkpoint(path, None).get("model", {})  # local, or s3:// (credentials: AWS_* variables)
-    if key == "auto":
-        ema_keys = [name for name in modules if name.startswith("ema")]
-        key = ema_keys[0] if ema_keys else "net"
-    if key not in modules:
-        raise CheckpointError(f"checkpoint {path} has no module {key!r} (it has: {', '.join(modules) or 'none'})")
-    return modules[key]
 
 
 class DistillationModel(FastGenModel):
@@ -155,7 +131,7 @@ class DistillationModel(FastGenModel):
         source = getattr(self.config, "student_ckpt", None)
         if not source:
             return
-        from fastgen.utils.checkpoint_source import resolve_checkpoint
+        from fastgen.checkpoint.source import resolve_checkpoint
 
         try:
             path = resolve_checkpoint(source).checkpoint

@@ -38,11 +38,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastgen.distributed import group as dist_utils
+from fastgen.distributed.keyed_rng import RandomSource
 from fastgen.methods.cm_utils import consistency_distance, teacher_velocity
 from fastgen.methods.distill import DistillationModel
-from fastgen.utils import distributed as dist_utils
 from fastgen.utils.errors import ConfigError
-from fastgen.utils.keyed_rng import RandomSource
 from fastgen.utils.logging import get_logger
 from fastgen.utils.safe_pickle import torch_load
 
@@ -193,8 +193,8 @@ def build_kd_dataset(model: KDModel, path: str | Path, num_samples: int, batch_s
     the same call writes the same file. With ``world > 1`` every rank calls it (a collective): rank ``rank``
     solves every ``world``-th batch and writes its part beside ``path``; rank 0 joins them. ``path`` must then be
     on storage every rank sees (as the data loaders that read it need anyway). Returns ``path``."""
+    from fastgen.distributed.parallelize import has_sharded_parameters
     from fastgen.utils.io import atomic_open
-    from fastgen.utils.parallelize import has_sharded_parameters
 
     if num_samples < 1 or batch_size < 1:
         raise ValueError("num_samples and batch_size must be positive")

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastgen.distributed.keyed_rng import RandomSource
 from fastgen.methods.cm_utils import (
     Tangents,
     TimeDistribution,
@@ -43,7 +44,6 @@ from fastgen.methods.cm_utils import (
 from fastgen.methods.distill import DistillationModel
 from fastgen.networks.noise_schedules import RectifiedFlowScheduler, expand_like
 from fastgen.utils.errors import ConfigError
-from fastgen.utils.keyed_rng import RandomSource
 
 
 class MeanFlowModel(DistillationModel):

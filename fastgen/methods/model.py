@@ -15,7 +15,7 @@ discriminators. The trainer only relies on this contract:
 * ``single_train_step(data, iteration) -> (loss_dict, outputs)`` with ``loss_dict["total_loss"]``;
 * ``validation_step(data, iteration) -> loss_dict`` (networks are in eval mode, gradients off);
 * ``bind_batch(data, iteration, seed, stream)`` - a context the trainer runs each of those two calls in: inside
-  it ``self.rng`` is the batch's keyed noise stream (``fastgen.utils.keyed_rng``), so every random number a step
+  it ``self.rng`` is the batch's keyed noise stream (``fastgen.distributed.keyed_rng``), so every random number a step
   draws is a function of the samples' global ids and not of the world size;
 * ``generator_fn(net, noise, steps, condition)`` and ``sample(...)`` - how samples are drawn.
 
@@ -34,23 +34,23 @@ import torch
 from torch import nn
 
 from fastgen.configs.instantiate import instantiate
+from fastgen.distributed.keyed_rng import GLOBAL_NOISE, KeyedNoise, NoiseSource
 from fastgen.networks.diffusion_net import DiffusionNet
 from fastgen.networks.layers import as_one_hot
 from fastgen.networks.noise_schedules import NoiseScheduler
 from fastgen.networks.sampling import heun_sample
-from fastgen.utils.keyed_rng import GLOBAL_NOISE, KeyedNoise, NoiseSource
+from fastgen.utils.dtypes import FLOAT_DTYPES
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class FastGenModel(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
-        self.precision = _DTYPES[config.precision]
+        self.precision = FLOAT_DTYPES[config.precision]
         self.net: DiffusionNet = instantiate(config.net)
         self.net.to(self.precision)
         adapter = getattr(config, "net_adapter", None)
@@ -162,7 +162,7 @@ class FastGenModel(nn.Module):
 
     def fsdp_conflict(self) -> str | None:
         """A setting of this method that FSDP2 cannot run, as a one-line reason naming the config key (``None``:
-        none). ``fastgen.utils.parallelize`` refuses to shard the method then."""
+        none). ``fastgen.distributed.parallelize`` refuses to shard the method then."""
         return None
 
     # ---- carried state (fastgen.callbacks.carry.CarryCallback) ---------------------------------------------------

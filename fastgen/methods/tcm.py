@@ -33,12 +33,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastgen.checkpoint.weights import load_network_state, load_weights
 from fastgen.configs.instantiate import instantiate
+from fastgen.distributed.keyed_rng import RandomSource
 from fastgen.methods.cm import CMModel
 from fastgen.methods.cm_utils import as_tensor_dict, batch_mask
-from fastgen.methods.distill import load_network_state, load_weights
 from fastgen.utils.errors import ConfigError
-from fastgen.utils.keyed_rng import RandomSource
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)

@@ -201,7 +201,7 @@ class DiffusersBackbone(nn.Module):
     def load_pretrained(self, path: str) -> None:
         """The diffusers weights in ``path`` (``model.pretrained_model_path``) into the wrapped model, strictly:
         a key that is missing or left over is a one-line CheckpointError."""
-        from fastgen.methods.distill import load_weights
+        from fastgen.checkpoint.weights import load_weights
 
         load_weights(self.model, read_diffusers_state(path, self.weights_subfolder), path, "model.pretrained_model_path",
                      what="diffusers weights")

@@ -31,7 +31,7 @@ class DiffusionNet(nn.Module):
         self._backbone_exits_early = "features_only" in inspect.signature(backbone.forward).parameters
 
     def shard_units(self) -> list[nn.Module]:
-        """The blocks FSDP shards one by one (``fastgen.utils.parallelize``): the backbone's, if it lists any."""
+        """The blocks FSDP shards one by one (``fastgen.distributed.parallelize``): the backbone's, if it lists any."""
         units = getattr(self.backbone, "shard_units", None)
         return list(units()) if callable(units) else []
 

@@ -68,7 +68,7 @@ def minibatch_groups(batch: int, group: int, condition: torch.Tensor | None = No
 def per_group(draw: Callable[[int], torch.Tensor], groups: torch.Tensor | None, batch: int) -> torch.Tensor:
     """One value per group, shared by its samples (a noise level per minibatch-std group): the value ``draw(batch)``
     gives the group's first sample; with ``groups=None`` each sample's own. Drawing per sample and keeping the
-    first keeps the draw keyed by sample (``fastgen.utils.keyed_rng``: a per-sample draw needs the batch's rows)."""
+    first keeps the draw keyed by sample (``fastgen.distributed.keyed_rng``: a per-sample draw needs the batch's rows)."""
     values = draw(batch)
     if groups is None:
         return values

@@ -12,7 +12,7 @@ Lipman et al. 2023). From it, any of four prediction types determines the other 
 Conversion solves the 2x2 linear system ``[x_t, p] = M [x0, eps]`` (``convert``).
 
 Random draws (``sample_t``, ``prior_sample``) come from ``generator``: a ``torch.Generator``, ``None`` (torch's global
-generator) or a ``fastgen.utils.keyed_rng.NoiseSource`` - a training step passes its batch's keyed stream.
+generator) or a ``fastgen.distributed.keyed_rng.NoiseSource`` - a training step passes its batch's keyed stream.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from fastgen.utils.keyed_rng import RandomSource, randn
+from fastgen.distributed.keyed_rng import RandomSource, randn
 
 PredType = Literal["x0", "eps", "v", "flow"]
 PRED_TYPES: tuple[str, ...] = ("x0", "eps", "v", "flow")

@@ -66,14 +66,11 @@ def lbfgs_state_bytes(optimizer: Any) -> int:
     return (2 * history + 2) * flat + (2 * history + 1) * scalar
 
 
-def estimate_memory(config: Any, world_size: int = 1, model: Any = None) -> dict[str, Any]:
-    """Bytes per rank of parameters, gradients and optimizer state (see the module docstring)."""
+def estimate_unsharded(config: Any, world_size: int = 1, model: Any = None) -> dict[str, Any]:
+    """Bytes per rank of parameters, gradients and optimizer state when every rank holds whole networks (one
+    process, DDP; see the module docstring). ``fastgen.profiling.plan.estimate_memory`` adds FSDP's plan."""
     import torch
 
-    if bool(getattr(config.trainer, "fsdp", False)) and int(world_size) > 1:  # the busiest rank of the real plan
-        from fastgen.profiling.plan import plan_state
-
-        return plan_state(config, int(world_size)).as_estimate()
     if model is None:
         model = build_meta_model(config)
     seen: set[int] = set()

@@ -10,7 +10,7 @@ not by dividing totals by N:
    it (``distributed.build_mesh``: 1-D, or 2-D ``replicate x shard`` for HSDP with ``trainer.fsdp_shard_size``),
    and the trainer's own ``parallelize`` shards every network with FSDP2 ``fully_shard``, shard units first;
 3. the optimizers are built over the sharded parameters and stepped once on the meta device
-   (``estimate.estimate_memory``, so an optimizer that cannot step there gets that module's rule, the same as
+   (``estimate.estimate_unsharded``, so an optimizer that cannot step there gets that module's rule, the same as
    unsharded);
 4. every tensor a rank holds is listed with its global shape, dtype and DTensor placements: parameters and
    buffers, one gradient per parameter an optimizer steps, and the optimizer state. Each rank's local size then
@@ -127,7 +127,7 @@ def plan_state(config: Any, world_size: int, model: Any = None) -> StatePlan:
     module docstring). ``model``: the method already built on the meta device, used when nothing is sharded (a
     sharded plan builds its own). Raises ``ConfigError`` for a shard size that does not divide ``world_size`` and
     for a config that ``parallelize`` refuses."""
-    from fastgen.utils.parallelize import distributed_mode
+    from fastgen.distributed.parallelize import distributed_mode
 
     check_world_size(config.trainer, world_size)
     mode = distributed_mode(config.trainer)
@@ -156,9 +156,9 @@ def sharded_meta_model(config: Any, world_size: int, rank: int = 0) -> Iterator[
     """``(model, mesh)``: the method on the meta device, sharded by the trainer's ``parallelize`` on the mesh
     ``init_distributed`` would build, as rank ``rank`` of a fake ``world_size``-rank group (or this job's group,
     when one exists). The fake group is destroyed on exit."""
+    from fastgen.distributed.group import build_mesh
+    from fastgen.distributed.parallelize import parallelize
     from fastgen.profiling.estimate import build_meta_model
-    from fastgen.utils.distributed import build_mesh
-    from fastgen.utils.parallelize import parallelize
 
     check_world_size(config.trainer, world_size)
     with _process_group(world_size, rank) as device_type:
@@ -176,7 +176,7 @@ def _process_group(world_size: int, rank: int) -> Iterator[str]:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        from fastgen.utils.distributed import collective_device
+        from fastgen.distributed.group import collective_device
 
         if dist.get_world_size() != world_size:
             raise ValueError(f"cannot plan {world_size} ranks inside a running job of {dist.get_world_size()}")
@@ -209,10 +209,10 @@ def _inventory(config: Any, model: Any) -> tuple[list[_Entry], str]:
     it, with its fallback for an optimizer that cannot step there)."""
     import torch
 
-    from fastgen.profiling.estimate import estimate_memory
+    from fastgen.profiling.estimate import estimate_unsharded
     from fastgen.profiling.state_bytes import _unique
 
-    estimate = estimate_memory(config, world_size=1, model=model)  # builds and steps the optimizers on meta
+    estimate = estimate_unsharded(config, world_size=1, model=model)  # builds and steps the optimizers on meta
     entries = [_entry("parameters", t) for t in _unique([*model.parameters(), *model.buffers()])]
     stepped: set[int] = set()
     stateless: list[Any] = []
@@ -295,3 +295,13 @@ def _rank_state(rank: int, groups: dict[_Layout, dict[tuple[str, str | None], fl
                 by_optimizer[optimizer] = by_optimizer.get(optimizer, 0.0) + numel * per_element
     return RankState(rank, *(round(totals[role]) for role in ROLES),
                      gradients_by_optimizer={name: round(value) for name, value in by_optimizer.items()})
+
+
+def estimate_memory(config: Any, world_size: int = 1, model: Any = None) -> dict[str, Any]:
+    """Bytes per rank of parameters, gradients and optimizer state: under FSDP at more than one rank the busiest
+    rank of the real sharding plan (``plan_state``), else whole networks on every rank (``estimate_unsharded``)."""
+    if bool(getattr(config.trainer, "fsdp", False)) and int(world_size) > 1:
+        return plan_state(config, int(world_size)).as_estimate()
+    from fastgen.profiling.estimate import estimate_unsharded
+
+    return estimate_unsharded(config, world_size=world_size, model=model)

@@ -42,6 +42,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
+from fastgen.utils.errors import one_line
+
 MAX_ITERATIONS = 16  # two cycles of every alternating schedule the recipes use (DMD2: a student step every 5)
 
 
@@ -131,15 +133,15 @@ def first_batch(config: Any) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _method_on_meta(config: Any, world_size: int) -> Iterator[Any]:
+    from fastgen.distributed.parallelize import distributed_mode
     from fastgen.profiling.estimate import build_meta_model
     from fastgen.profiling.plan import sharded_meta_model
-    from fastgen.utils.parallelize import distributed_mode
 
     if distributed_mode(config.trainer) == "fsdp" and world_size > 1:
         with sharded_meta_model(config, world_size) as (model, _mesh):
             yield model
     else:
-        from fastgen.utils.parallelize import apply_activation_checkpointing
+        from fastgen.distributed.parallelize import apply_activation_checkpointing
 
         model = build_meta_model(config)
         apply_activation_checkpointing(model)
@@ -162,7 +164,7 @@ def _bucket_bytes(model: Any) -> int:
 def trace_step_peak(config: Any, world_size: int, batch: dict[str, Any]) -> StepPeak:
     """The peak bytes of rank 0 of a ``world_size``-rank job of ``config`` during its first training steps, traced
     on fake tensors with ``batch``'s shapes (module docstring). Raises ``StepTraceError``."""
-    from fastgen.utils.parallelize import distributed_mode
+    from fastgen.distributed.parallelize import distributed_mode
 
     ddp = distributed_mode(config.trainer) == "ddp" and world_size > 1
     with _no_cached_tensors():
@@ -174,7 +176,7 @@ def _no_cached_tensors() -> Iterator[None]:
     """Module-level tensor caches start empty and end empty around a trace: a real tensor cached before would not
     be counted (and the estimate would depend on what ran before), a fake one cached during it would poison real
     training later in the same process."""
-    from fastgen.utils import keyed_rng
+    from fastgen.distributed import keyed_rng
 
     keyed_rng._element_hashes.cache_clear()
     try:
@@ -216,5 +218,4 @@ def _trace(config: Any, world_size: int, batch: dict[str, Any], ddp: bool) -> St
             buckets = _bucket_bytes(model) if ddp else 0
             return StepPeak(peak=counter.peak + buckets, state=state, buckets=buckets, iterations=iteration)
     except Exception as exc:  # noqa: BLE001 - any operator may refuse fake tensors: no estimate, with the reason
-        text = " ".join(str(exc).split())
-        raise StepTraceError(f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__) from exc
+        raise StepTraceError(one_line(exc)[:300]) from exc

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-AMP_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+from fastgen.utils.dtypes import AMP_DTYPES
 
 
 def autocast(device_type: str, dtype: str | None) -> Any:

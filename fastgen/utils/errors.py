@@ -9,11 +9,31 @@ the command line prints only that line unless ``FASTGEN_DEBUG=1``.
 from __future__ import annotations
 
 
-def first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException | None) -> str:
     """The first line of an exception's text (its type's name when it has none): what goes into a one-line
-    message that wraps another error."""
+    message that wraps another error. For DCP's ``CheckpointException``, which wraps every failed rank's error with
+    its traceback (``failures``), the first failed rank's own error's last line, named by its rank."""
+    if exc is None:
+        return "NoneType"
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank = min(failures)
+        inner = failures[rank]
+        if isinstance(inner, tuple):  # DCP keeps (exception, traceback summary)
+            inner = inner[0]
+        text = str(inner).strip()
+        return f"rank {rank}: {(text.splitlines()[-1] if text else type(inner).__name__)[:300]}"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as the one line the command line prints for it: fastgen's own errors as they are (their text
+    is the message), any other prefixed with its type; whitespace and line breaks collapsed."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, FastGenError):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class FastGenError(Exception):

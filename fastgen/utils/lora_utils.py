@@ -176,42 +176,5 @@ def merge_lora(network: nn.Module) -> int:
     return merged
 
 
-def export_merged(src: str, dst: str, only: str | None = None) -> dict[str, Any]:
-    """``convert-ckpt --merge-lora``: rebuild the run of checkpoint ``src`` (its config.yaml; the base from its
-    source, the adapter from the checkpoint), merge every adapted network and write a ``.pth`` at ``dst`` with
-    plain networks (``--only NAME``: that network alone, as ``net`` - a teacher / initial-weights file). Nothing
-    is left at ``dst`` on failure. Returns ``{"iteration", "networks", "merged"}``."""
-    from pathlib import Path
-
-    from fastgen.evaluation.sampling import load_run
-    from fastgen.utils.checkpoint_manager import VERSION
-    from fastgen.utils.checkpointer import FORMAT
-    from fastgen.utils.errors import UsageError
-    from fastgen.utils.io import atomic_open
-
-    target = Path(dst).expanduser()
-    if "://" in src or "://" in dst:
-        raise UsageError("--merge-lora reads and writes local files: copy the run from S3 first")
-    if target.suffix != ".pth" or target.exists():
-        raise UsageError(f"--merge-lora writes a new .pth file: {target} " +
-                         ("exists" if target.exists() else "does not end in .pth"))
-    run = load_run(src)
-    modules = run.model.saved_modules  # a frozen teacher is not the run's to export (nor in its checkpoints)
-    adapted = [name for name, module in modules.items() if is_adapted(module)]
-    if not adapted:
-        raise UsageError(f"{run.checkpoint} has no LoRA adapter (model.net_adapter was not set): convert it without "
-                         "--merge-lora")
-    if only is not None and only not in modules:
-        raise UsageError(f"--only {only}: the run has {', '.join(modules)}")
-    merged = {name: merge_lora(modules[name]) for name in adapted}
-    chosen = {("net" if only else name): modules[name] for name in ([only] if only else list(modules))}
-    payload = {"format": FORMAT, "version": VERSION, "iteration": run.iteration,
-               "model": {name: {k: v.detach().cpu() for k, v in module.state_dict().items()}
-                         for name, module in chosen.items()}}
-    with atomic_open(target, "wb") as handle:
-        torch.save(payload, handle)
-    return {"iteration": run.iteration, "networks": list(chosen), "merged": merged}
-
-
-__all__ = ["LoRAAdapter", "LoRABranch", "adapter_state", "check_loadable", "export_merged", "is_adapted",
+__all__ = ["LoRAAdapter", "LoRABranch", "adapter_state", "check_loadable", "is_adapted",
            "is_adapter_key", "merge_lora"]

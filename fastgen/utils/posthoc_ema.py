@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastgen.utils.errors import UsageError
+from fastgen.utils.errors import ConfigError, UsageError
 from fastgen.utils.safe_pickle import torch_load
 
 SNAPSHOT_DIR = "ema_snapshots"
@@ -41,6 +41,39 @@ class Snapshot:
     ema_name: str
     t: int  # the EMA's update count when it was written
     gamma: float
+
+
+def sigma_rel_from_gamma(gamma: float) -> float:
+    """The relative standard deviation of the power-function EMA profile with exponent ``gamma`` (EDM2, Karras et
+    al. 2024, appendix Eq. 123): ``sigma_rel = (gamma + 1)^(1/2) / ((gamma + 2) (gamma + 3)^(1/2))``."""
+    return math.sqrt(gamma + 1.0) / ((gamma + 2.0) * math.sqrt(gamma + 3.0))
+
+
+SIGMA_REL_MAX = sigma_rel_from_gamma(0.0)  # 1 / (2 sqrt 3) ~ 0.289: the widest profile with gamma >= 0
+
+
+def gamma_from_sigma_rel(sigma_rel: float) -> float:
+    """The exponent ``gamma >= 0`` whose power-function EMA has relative width ``sigma_rel`` (the inverse of
+    :func:`sigma_rel_from_gamma`; EDM2 solves the same relation as a cubic, its appendix Eq. 126).
+
+    ``sigma_rel(gamma)`` falls strictly on ``gamma >= 0`` (its log-derivative ``1/(gamma+1) - 2/(gamma+2) -
+    1/(gamma+3)`` is negative there), from ``1/(2 sqrt 3)`` at 0 towards 0, so bisection finds the one root.
+    """
+    if not 0.0 < sigma_rel <= SIGMA_REL_MAX:
+        raise ConfigError(f"EMA sigma_rel={sigma_rel} is out of range: the power-function EMA reaches relative "
+                          f"widths in (0, {SIGMA_REL_MAX:.4f}] (gamma >= 0)")
+    low, high = 0.0, 1.0
+    while sigma_rel_from_gamma(high) > sigma_rel:
+        low, high = high, 2.0 * high
+    for _ in range(200):  # far more halvings than float64 can resolve; stops early once the bracket is exhausted
+        mid = 0.5 * (low + high)
+        if mid in (low, high):
+            break
+        if sigma_rel_from_gamma(mid) > sigma_rel:
+            low = mid
+        else:
+            high = mid
+    return 0.5 * (low + high)
 
 
 def profile_dot(t_a: float, gamma_a: float, t_b: float, gamma_b: float) -> float:
@@ -98,8 +131,6 @@ def list_snapshots(source: str | Path) -> list[Snapshot]:
 def reconstruct(source: str | Path, sigma_rel: float, at: int | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The EMA of width ``sigma_rel`` at update ``at`` (default: the newest snapshot's), combined from every
     snapshot written up to then; returns its state dict and what was used (weights, error)."""
-    from fastgen.callbacks.ema import gamma_from_sigma_rel
-
     gamma_r = gamma_from_sigma_rel(float(sigma_rel))
     snapshots = list_snapshots(source)
     t_r = snapshots[-1].t if at is None else int(at)

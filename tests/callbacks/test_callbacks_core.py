@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from fastgen_testing import tiny_toy_config
 from omegaconf import DictConfig
 
 from fastgen.callbacks.ema import ema_beta
 from fastgen.callbacks.grad_clip import clip_global_norm_
 from fastgen.configs.instantiate import LazyCall
 from fastgen.trainer import Trainer
-from fastgen_testing import tiny_toy_config
 
 SEED_CALLBACK = '''
 from fastgen.callbacks.callback import Callback
@@ -70,7 +70,8 @@ def test_power_ema_width_sigma_rel_and_gamma_convert_both_ways(gamma: float, sig
     """EDM2 (Karras et al. 2024, Eq. 3 and appendix Eq. 123): sigma_rel = (gamma+1)^(1/2) / ((gamma+2) (gamma+3)^(1/2)).
     By hand: gamma 6.94 -> sqrt(7.94) / (8.94 sqrt(9.94)) = 2.8178 / 28.186 = 0.09997; gamma 16.97 -> sqrt(17.97) /
     (18.97 sqrt(19.97)) = 4.2391 / 84.773 = 0.05001. EDM2's own pairs are quoted to two decimals of gamma."""
-    from fastgen.callbacks.ema import EMACallback, gamma_from_sigma_rel, sigma_rel_from_gamma
+    from fastgen.callbacks.ema import EMACallback
+    from fastgen.utils.posthoc_ema import gamma_from_sigma_rel, sigma_rel_from_gamma
 
     assert sigma_rel_from_gamma(gamma) == pytest.approx(sigma_rel, abs=5e-5)
     assert gamma_from_sigma_rel(sigma_rel) == pytest.approx(gamma, abs=0.01)

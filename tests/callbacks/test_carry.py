@@ -8,16 +8,16 @@ from typing import Any
 
 import pytest
 import torch
+from fastgen_testing import assert_same_weights, tiny_toy_config
 from omegaconf import DictConfig
 
 from fastgen.callbacks.callback import Callback
 from fastgen.callbacks.carry import CarryCallback
+from fastgen.checkpoint.checkpointer import load_checkpoint
 from fastgen.configs.callbacks import CARRY_CALLBACK
 from fastgen.configs.instantiate import LazyCall, instantiate
 from fastgen.methods.sft import SFTModel
 from fastgen.trainer import Trainer
-from fastgen.utils.checkpointer import load_checkpoint
-from fastgen_testing import assert_same_weights, tiny_toy_config
 
 
 class CarrySFT(SFTModel):

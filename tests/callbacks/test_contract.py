@@ -14,15 +14,15 @@ import pkgutil
 
 import pytest
 import torch
+from fastgen_testing import assert_same_weights, tiny_toy_config
 from omegaconf import DictConfig
 
 import fastgen.callbacks
 import fastgen.configs.callbacks as presets
 from fastgen.callbacks.callback import Callback
+from fastgen.checkpoint.checkpointer import load_checkpoint
 from fastgen.configs.instantiate import instantiate
 from fastgen.trainer import Trainer
-from fastgen.utils.checkpointer import load_checkpoint
-from fastgen_testing import assert_same_weights, tiny_toy_config
 
 
 def shipped_callback_classes() -> list[type[Callback]]:

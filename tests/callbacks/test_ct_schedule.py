@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fastgen_testing import tiny_toy_config
 from omegaconf import DictConfig
 
 from fastgen.callbacks.callback import Callback
 from fastgen.callbacks.ct_schedule import CTScheduleCallback, ct_ratio, ct_stage
+from fastgen.checkpoint.checkpointer import load_checkpoint
 from fastgen.configs.instantiate import LazyCall
 from fastgen.trainer import Trainer
-from fastgen.utils.checkpointer import load_checkpoint
-from fastgen_testing import tiny_toy_config
 
 
 def test_stage_and_ratio_by_hand() -> None:

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fastgen_testing import finish_rank, gloo_results, tiny_toy_config
 from torch import nn
 
 from fastgen.callbacks.param_count import ParamCountCallback
 from fastgen.callbacks.rank_consistency import RankConsistencyCallback
-from fastgen.utils.fingerprint import _DTYPE_CODES, fingerprint_tensors, tensor_fingerprint
+from fastgen.distributed.fingerprint import _DTYPE_CODES, fingerprint_tensors, tensor_fingerprint
 from fastgen.trainer import Trainer
 from fastgen.utils.errors import FastGenRuntimeError
-from fastgen_testing import finish_rank, gloo_results, tiny_toy_config
 
 M64 = (1 << 64) - 1
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool]
@@ -139,7 +139,7 @@ def test_fingerprint_swaps_of_common_values_and_edge_cases() -> None:
 def test_fingerprint_is_bounded_in_memory_for_a_large_tensor() -> None:
     # 4 chunks of the default size: the same result as the reference with the same chunking would give, and
     # the scratch does not grow with the tensor.
-    from fastgen.utils import fingerprint as rc
+    from fastgen.distributed import fingerprint as rc
 
     big = torch.randn(4 * 65536 + 11)
     before = {key: s.wide.numel() for key, s in rc._SCRATCH.items()}

@@ -15,8 +15,14 @@ import pytest
 import torch
 
 from fastgen.datasets.image_zip import encode_png
-from fastgen.datasets.webdataset import (WebDatasetLoader, list_shards, parse_datatags, read_samples, sample_id,
-                                         write_shards)
+from fastgen.datasets.webdataset import (
+    WebDatasetLoader,
+    list_shards,
+    parse_datatags,
+    read_samples,
+    sample_id,
+    write_shards,
+)
 from fastgen.utils.errors import FastGenRuntimeError, UsageError
 
 KEYS = {"key": "__key__", "url": "__url__"}
@@ -241,8 +247,8 @@ def test_a_wds_loader_config_checks_its_local_paths_before_training(tmp_path: Pa
 def test_the_checkpoint_manager_hands_every_ranks_state_to_a_resplit(tmp_path: Path) -> None:
     """A payload saved by 2 ranks restored in a 1-rank process: the loader continues from both ranks' streams
     (``restore_rank_state`` -> ``load_every_rank_state``), so the pass still holds every sample once."""
+    from fastgen.checkpoint.manager import CheckpointManager, TrainingState
     from fastgen.configs.experiments.Digits.config_sft_digits import create_config
-    from fastgen.utils.checkpoint_manager import CheckpointManager, TrainingState
     from fastgen.utils.rng import capture_rng_state
 
     layout = write_set(tmp_path / "shards", [5, 9, 3, 7, 11, 4])

@@ -10,9 +10,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from torch import nn
-
 from fastgen_testing import finish_rank, gloo_results
+from torch import nn
 
 
 def _join(rank: int, world: int, port: int) -> None:
@@ -32,8 +31,8 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         from fastgen.callbacks.carry import CarryCallback
         from fastgen.callbacks.ema import EMACallback
         from fastgen.callbacks.grad_clip import clip_global_norm_
+        from fastgen.distributed import group as dist_utils
         from fastgen.networks.edm2 import MPConv, forced_weight_norm_
-        from fastgen.utils import distributed as dist_utils
 
         mesh = init_device_mesh("cpu", (world,))
         # Grad clip: the norm of gradients sharded over the ranks (7 rows: uneven shards) equals the norm of the

@@ -8,11 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+from multirank import TORCHRUN, Job, fastgen, read_json
 
 from fastgen.configs.config_utils import apply_overrides, load_config
-from fastgen.profiling.estimate import estimate_memory
-from fastgen.profiling.plan import plan_state
-from multirank import TORCHRUN, Job, fastgen, read_json
+from fastgen.profiling.plan import estimate_memory, plan_state
 
 SFT = ["-c", "Digits/config_sft_digits", "-", "trainer.max_iter=3", "trainer.save_ckpt_iter=3",
        "dataloader_train.batch_size=16", "dataloader_val.batch_size=16", "~trainer.callbacks.wandb"]
@@ -54,7 +53,7 @@ WORKER = """
 import json, os, sys
 import torch.distributed as dist
 from fastgen_testing import tiny_toy_config
-from fastgen.profiling.estimate import estimate_memory
+from fastgen.profiling.plan import estimate_memory
 from fastgen.profiling.plan import plan_state
 
 dist.init_process_group("gloo")

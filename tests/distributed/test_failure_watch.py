@@ -1,4 +1,4 @@
-"""The failure watch (``fastgen.utils.distributed``): every failure reaches the rendezvous store, a ``DistError`` a
+"""The failure watch (``fastgen.distributed.group``): every failure reaches the rendezvous store, a ``DistError`` a
 rank raises for a reason of its own included, so the other ranks stop at once and the launcher names that error; and
 when the store cannot be reached the watch says so at start-up instead of silently switching itself off. Real gloo
 ranks, and the real launcher (``fastgen train --nproc-per-node 2``)."""
@@ -12,7 +12,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-
 from fastgen_testing import finish_rank, gloo_results
 from multirank import fastgen
 
@@ -45,7 +44,7 @@ def _env(rank: int, world: int, port: int) -> None:
 def _rank_without_store(rank: int, world: int, port: int, out_dir: str) -> None:
     import torch.distributed.distributed_c10d as c10d
 
-    from fastgen.utils import distributed as dist_utils
+    from fastgen.distributed import group as dist_utils
 
     _env(rank, world, port)
     del c10d._get_default_store  # as in a torch release that renamed or dropped the private function
@@ -77,7 +76,7 @@ def test_without_the_private_store_getter_rank_0_warns_once_at_start_up(tmp_path
 def _rank_with_store(rank: int, world: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from fastgen.utils import distributed as dist_utils
+    from fastgen.distributed import group as dist_utils
 
     _env(rank, world, port)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=45))
@@ -153,6 +152,6 @@ def test_a_rank_failing_during_an_async_sharded_save_ends_the_job_and_keeps_the_
     assert len(errors) == 1 and "boom on rank 1 during the async save" in errors[0], result.stderr[-3000:]
     checkpoints = output_root / "fastgen" / "toy" / "async_fail" / "checkpoints"
     assert sorted(p.name for p in checkpoints.glob("*.pth")) == ["0000002.pth"]
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.checkpoint.checkpointer import load_checkpoint
 
     assert load_checkpoint(checkpoints / "0000002.pth")["iteration"] == 2  # whole and loadable

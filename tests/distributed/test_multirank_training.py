@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from fastgen_testing import FASTGEN, free_port
 from multirank import TORCHRUN, Job, fastgen, losses, read_json
 
@@ -40,8 +39,9 @@ def probes(tmp_path: Path, name: str) -> list[str]:
 
 
 def final_state(output_root: Path, group: str, name: str) -> dict[str, torch.Tensor]:
-    from fastgen.utils.checkpointer import Checkpointer, load_checkpoint
     from fastgen_testing import state_tensors
+
+    from fastgen.checkpoint.checkpointer import Checkpointer, load_checkpoint
 
     folder = output_root / "fastgen" / group / name
     latest = Checkpointer("checkpoints", folder).latest()

@@ -1,6 +1,6 @@
 """Sharded (FSDP2 / DCP) and asynchronous checkpoints as users meet them: real gloo workers from the real launcher,
 runs killed with SIGKILL mid-run and in the middle of a sharded save, resumes at another world size, a save that
-fails on one rank (``fastgen.utils.checkpoint_manager``)."""
+fails on one rank (``fastgen.checkpoint.manager``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def checkpoints(output_root: Path, group: str, name: str) -> Path:
 
 
 def final_tensors(folder: Path, iteration: int) -> dict[str, torch.Tensor]:
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.checkpoint.checkpointer import load_checkpoint
 
     return state_tensors(load_checkpoint(folder / f"{iteration:07d}.pth"))
 
@@ -209,7 +209,7 @@ def test_keep_last_n_removes_folders_and_an_interrupted_save(output_root: Path, 
 
 
 def test_a_checkpoint_folder_whose_metadata_would_run_code_is_refused(tmp_path: Path) -> None:
-    from fastgen.utils.checkpoint_manager import read_sharded_as_full
+    from fastgen.checkpoint.checkpointer import read_sharded_as_full
     from fastgen.utils.errors import CheckpointError
 
     class Payload:
@@ -229,7 +229,7 @@ def test_a_sharded_marker_without_its_folder_names_the_folder(tmp_path: Path) ->
     to read "cannot resume from the monolithic checkpoint")."""
     from types import SimpleNamespace
 
-    from fastgen.utils.checkpoint_manager import CheckpointManager
+    from fastgen.checkpoint.manager import CheckpointManager
     from fastgen.utils.errors import CheckpointError
 
     config = SimpleNamespace(save_dir="checkpoints", use_s3=False, s3_container=None, keep_last_n=None,

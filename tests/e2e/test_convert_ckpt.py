@@ -12,8 +12,8 @@ from fastgen_testing import assert_same_tree, run_cli, state_tensors, tiny_toy_c
 from multirank import fastgen
 from s3server import S3Server
 
+from fastgen.checkpoint.checkpointer import load_checkpoint
 from fastgen.trainer import Trainer
-from fastgen.utils.checkpointer import load_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -146,7 +146,7 @@ def test_s3_source_and_destination(run_dir: Path, tmp_path: Path, s3_server: S3S
     assert f"{prefix}0000003.pth" in keys and f"{prefix}0000003.dcp/.metadata" in keys
     assert_same_tree(source, load_checkpoint(tmp_path / "back.pth"))
     assert_same_tree({**source, "layout": "sharded"}, load_checkpoint(tmp_path / "again.pth"))
-    from fastgen.utils.s3 import S3Location, S3Storage, newest_valid_checkpoint, resolve_credentials
+    from fastgen.checkpoint.s3 import S3Location, S3Storage, newest_valid_checkpoint, resolve_credentials
 
     storage = S3Storage(resolve_credentials(environ=env))
     found = newest_valid_checkpoint(storage, S3Location.parse(f"{base}/sharded"))

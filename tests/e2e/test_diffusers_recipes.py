@@ -55,15 +55,16 @@ def create_config():
 def test_two_ranks_distil_a_tiny_flux_from_its_weights_folder_sharded_after_a_meta_build(output_root: Path,
                                                                                          tmp_path: Path) -> None:
     """What the real recipes do, at toy size: 2 ranks, FSDP2 over the Flux blocks, a meta-device build (rank 0
-    reads the diffusers folder and broadcasts), activation checkpointing, DMD2 with the GAN head. The teacher in
-    the final checkpoint is exactly the folder's weights."""
+    reads the diffusers folder and broadcasts), activation checkpointing, DMD2 with the GAN head. The teacher the
+    run trained with is exactly the folder's weights: the final checkpoint's fingerprint of it (the checkpoint
+    leaves the frozen teacher out) is that of a network loaded from the folder in this process."""
     import torch
     from multirank import fastgen
     from safetensors.torch import load_file
 
+    from fastgen.checkpoint.checkpointer import load_checkpoint
     from fastgen.configs.instantiate import instantiate
     from fastgen.configs.net_diffusers import TINY_FLUX, flux_transformer
-    from fastgen.utils.checkpointer import load_checkpoint
 
     torch.manual_seed(3)
     source = instantiate(flux_transformer(TINY_FLUX)).backbone.model
@@ -76,8 +77,14 @@ def test_two_ranks_distil_a_tiny_flux_from_its_weights_folder_sharded_after_a_me
                      "model.student_update_freq=2", cwd=tmp_path, env={"WANDB_MODE": "disabled"}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     saved = load_file(str(tmp_path / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors"))
-    modules = load_checkpoint(str(output_root / "fastgen" / "digits" / "tiny_flux" / "checkpoints" / "0000004.pth"))["model"]
-    teacher = {k.removeprefix("backbone.model."): v for k, v in modules["teacher"].items() if k.startswith("backbone.model.")}
-    assert teacher.keys() == saved.keys()
-    assert all(torch.equal(teacher[k], saved[k]) for k in saved)
-    assert any(not torch.equal(v, modules["teacher"][k]) for k, v in modules["net"].items())
+    payload = load_checkpoint(str(output_root / "fastgen" / "digits" / "tiny_flux" / "checkpoints" / "0000004.pth"))
+    assert "teacher" not in payload["model"]
+    from fastgen.configs.config_utils import load_config
+    from fastgen.distributed.fingerprint import network_fingerprint
+
+    teacher = instantiate(load_config(str(recipe)).model.net)
+    teacher.backbone.load_pretrained(str(tmp_path / "pipeline"))
+    assert network_fingerprint(teacher) == payload["frozen_fingerprints"]["teacher"]
+    student = {k.removeprefix("backbone.model."): v for k, v in payload["model"]["net"].items()
+               if k.startswith("backbone.model.")}
+    assert student.keys() == saved.keys() and any(not torch.equal(student[k], saved[k]) for k in saved)

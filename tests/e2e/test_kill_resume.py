@@ -13,9 +13,9 @@ import signal
 from pathlib import Path
 
 import pytest
-
-from fastgen.utils.checkpointer import load_checkpoint
 from fastgen_testing import assert_same_checkpoint, run_cli
+
+from fastgen.checkpoint.checkpointer import load_checkpoint
 
 KILL_SWITCH = '''
 import os

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastgen_testing import run_cli
 
 from fastgen.profiling.analysis import site_label
 from fastgen.profiling.report import CATEGORY_COLORS, PLOT_BACKGROUND, fmt_bytes
 from fastgen.profiling.snapshot import CATEGORIES, load_snapshot
-from fastgen_testing import run_cli
 
 SMALL = ["dataloader_train.batch_size=64", "model.net.backbone.hidden_dim=16", "trainer.validation_iter=null"]
 
@@ -199,11 +199,12 @@ def test_help_shows_both_forms_with_examples() -> None:
 
 
 def test_dryrun_prints_the_per_rank_memory_estimate() -> None:
+    from fastgen.cli.dryrun import memory_table
     from rich.console import Console
 
-    from fastgen.cli.dryrun import memory_table
     from fastgen.configs.config_utils import load_config
-    from fastgen.profiling.estimate import build_meta_model, estimate_memory
+    from fastgen.profiling.estimate import build_meta_model
+    from fastgen.profiling.plan import estimate_memory
 
     config = load_config("Toy/config_sft_toy")
     estimate = estimate_memory(config)

@@ -8,7 +8,7 @@ The distillation issue's goal is FD(student) <= FD(teacher). It is NOT met: at 5
 regression fails; it is not the goal. Training is deterministic on a given machine, but the recipe's EMA student
 swings between 0.97 and 1.73 from checkpoint to checkpoint (README) and as much from seed to seed. Measured at
 trainer.seed 0-4: 0.97, 1.09, 1.46, 1.47, 1.71 with training noise from torch's generator (before keyed noise);
-1.90, 1.25, 1.73, 1.29, 1.27 with the keyed noise training draws now (fastgen.utils.keyed_rng; this test's
+1.90, 1.25, 1.73, 1.29, 1.27 with the keyed noise training draws now (fastgen.distributed.keyed_rng; this test's
 seed 0 gives 1.90); 1.76, 1.66, 1.42, 1.48, 1.65 with an earlier key layout of the same generator. The bound is
 1.25x the worst of those 15 runs (2.37, 4.25x the teacher's 0.56); it was 2x when one run at 0.97 was measured."""
 
@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fastgen_testing import run_cli
 
 

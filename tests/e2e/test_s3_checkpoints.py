@@ -28,14 +28,14 @@ def objects(server: S3Server, prefix: str) -> list[str]:
 
 
 def s3_tensors(server: S3Server, credentials: Path, url: str) -> dict[str, torch.Tensor]:
-    from fastgen.utils.checkpoint_store import S3Store
+    from fastgen.checkpoint.stores import S3Store
 
     store = S3Store(url.rsplit("/", 1)[0], None, str(credentials))
     return state_tensors(store.read(url, whole=True))
 
 
 def local_tensors(path: Path) -> dict[str, torch.Tensor]:
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.checkpoint.checkpointer import load_checkpoint
 
     return state_tensors(load_checkpoint(path))
 

@@ -1,5 +1,5 @@
 """Runs whose checkpoints are in S3 are usable by every command that takes a checkpoint, folder or run directory
-(``fastgen.utils.checkpoint_source``): the local run directory, the run's S3 prefix and an S3 checkpoint work
+(``fastgen.checkpoint.source``): the local run directory, the run's S3 prefix and an S3 checkpoint work
 wherever a local one does; and "newest valid" means the same in every command (a truncated newest ``.pth`` is
 skipped with a warning naming it)."""
 
@@ -39,7 +39,7 @@ def test_every_command_takes_an_s3_run(s3_server: S3Server, output_root: Path, t
 
     converted = run_cli("convert-ckpt", str(run_dir), str(tmp_path / "full.pth"), cwd=tmp_path)
     assert converted.returncode == 0, converted.stderr[-3000:]
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.checkpoint.checkpointer import load_checkpoint
 
     assert load_checkpoint(tmp_path / "full.pth")["iteration"] == 2
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from fastgen_testing import run_cli, tiny_toy_config
+from PIL import Image
 
 
 def _tiny_digits_config(name: str):  # noqa: ANN202 - a BaseConfig
@@ -314,7 +313,7 @@ def test_sample_missing_checkpoint_and_ema_without_ema(runs: dict[str, Path], tm
     mismatch = fastgen(capsys, "sample", str(checkpoint), "--config", str(no_ema_config))
     assert mismatch.returncode == 1 and "has weights for 'ema'" in mismatch.stderr
     # ... while a bare state dict of `net` (as exported by other tools) loads, and --ema is a usage error.
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.checkpoint.checkpointer import load_checkpoint
 
     bare = tmp_path / "net_only.pth"
     torch.save(load_checkpoint(checkpoint)["model"]["net"], bare)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastgen.evaluation.sampling import balanced_labels, find_checkpoint, initial_noise
+from fastgen.checkpoint.source import resolve_checkpoint
+from fastgen.evaluation.sampling import balanced_labels, initial_noise
 from fastgen.networks.noise_schedules import EDMNoiseScheduler
 from fastgen.utils.errors import UsageError
 
@@ -40,17 +41,18 @@ def test_balanced_and_fixed_labels() -> None:
         balanced_labels(5, 10, label=10)
 
 
-def test_find_checkpoint_errors(tmp_path: Path) -> None:
+def test_resolve_checkpoint_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="checkpoint not found"):
-        find_checkpoint(tmp_path / "nope.pth")
+        resolve_checkpoint(tmp_path / "nope.pth")
     with pytest.raises(UsageError, match="no valid checkpoint"):
-        find_checkpoint(tmp_path)
+        resolve_checkpoint(tmp_path)
     with pytest.raises(UsageError, match="starts with s3:// \\(two slashes\\)"):
-        find_checkpoint("s3:/bucket/run")
+        resolve_checkpoint("s3:/bucket/run")
     (tmp_path / "checkpoints").mkdir()
     for name in ("0000002.pth", "0000010.pth"):
         torch.save({}, tmp_path / "checkpoints" / name)
     for name in ("0000012.pth", ".0000011.pth.x.tmp"):  # a truncated newest (skipped with a warning), a temporary
         (tmp_path / "checkpoints" / name).write_bytes(b"")
-    found, config = find_checkpoint(tmp_path / "checkpoints")
+    resolved = resolve_checkpoint(tmp_path / "checkpoints")
+    found, config = resolved.checkpoint, resolved.config_yaml
     assert Path(found).name == "0000010.pth" and config is None  # no config.yaml: load_run asks for --config

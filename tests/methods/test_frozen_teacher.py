@@ -11,8 +11,8 @@ import torch
 from fastgen_testing import assert_same_tree, state_tensors
 from test_dmd2 import toy_dmd2
 
+from fastgen.checkpoint.checkpointer import load_checkpoint
 from fastgen.trainer import Trainer
-from fastgen.utils.checkpointer import load_checkpoint
 from fastgen.utils.errors import CheckpointError
 
 

@@ -1,6 +1,6 @@
 """World-size invariance without processes: one step on a 1-rank loader batch of 2B against the same step on the
 rank-0 and rank-1 loaders (W = 2) of batch B each. With noise keyed by global sample id
-(``fastgen.utils.keyed_rng``) every sample draws the same noise in both splits, so the two half-batch gradients
+(``fastgen.distributed.keyed_rng``) every sample draws the same noise in both splits, so the two half-batch gradients
 average to the full-batch gradient - what DDP computes - and a 2-rank run follows the 1-process run."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from fastgen.configs.instantiate import LazyCall, instantiate
 from fastgen.configs.methods.config_dmd2 import create_config as dmd2_config
 from fastgen.configs.methods.config_sft import create_config as sft_config
 from fastgen.configs.net import edm_unet_8x8, toy_mlp
+from fastgen.distributed.keyed_rng import GLOBAL_NOISE, KeyedNoise
 from fastgen.methods.model import FastGenModel
 from fastgen.methods.sft import SFTModel
-from fastgen.utils.keyed_rng import GLOBAL_NOISE, KeyedNoise
 
 SEED = 11
 HALF = 4  # per-rank batch B; the 1-rank batch is 2B
@@ -251,8 +251,9 @@ class RecordingSFT(SFTModel):
 
 
 def test_the_trainer_binds_train_and_validation_batches(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fastgen.trainer import Trainer
     from fastgen_testing import tiny_toy_config
+
+    from fastgen.trainer import Trainer
 
     monkeypatch.setenv("FASTGEN_OUTPUT_ROOT", str(tmp_path))
     config = tiny_toy_config("bound", max_iter=2, validation_iter=2, max_val_iter=1, seed=5)

@@ -93,8 +93,9 @@ def test_the_toy_teacher_learns_the_data_to_within_a_factor_of_its_finite_sample
     ``tests/methods/measure_toy_quality.py``: 1.85 2.72 3.82 4.01 2.28 2.91 (max 4.01; the bound is 1.5x that); the
     raw network, without the EMA, scored 4.1-9.6x. Untrained (its output layer starts at zero, so it returns
     ``c_skip x``) the network scores 0.16, 139x the floor."""
-    from fastgen.utils.checkpointer import load_checkpoint
     from toy_distill import build, data_floor, teacher_config, toy_energy
+
+    from fastgen.checkpoint.checkpointer import load_checkpoint
 
     floor = data_floor()
     assert 0.0005 < floor < 0.003

@@ -11,10 +11,10 @@ import torch
 from omegaconf import DictConfig
 from test_dmd2 import build, toy_dmd2
 
+from fastgen.checkpoint.checkpointer import load_checkpoint
 from fastgen.configs.instantiate import LazyCall
 from fastgen.configs.net import toy_mlp
 from fastgen.trainer import Trainer
-from fastgen.utils.checkpointer import load_checkpoint
 from fastgen.utils.errors import CheckpointError, UsageError
 
 
@@ -45,7 +45,7 @@ def test_student_starts_from_another_runs_network() -> None:
     newest = payload["model"]
     assert not same_weights(newest["net"], newest["ema"])
     assert "teacher" not in newest  # frozen: rebuilt from its source, recorded by its fingerprint
-    from fastgen.utils.fingerprint import network_fingerprint
+    from fastgen.distributed.fingerprint import network_fingerprint
 
     for source in (run_dir, run_dir / "checkpoints", run_dir / "checkpoints" / "0000004.pth"):
         model = build(toy_dmd2(use_ema=True, student_ckpt=str(source)))  # auto: the source's EMA network

@@ -82,7 +82,7 @@ def teacher_energy(checkpoint: Any, n: int = 2000, seed: int = 0) -> float:
     """``toy_energy`` of the teacher at ``checkpoint`` - the network distillation loads from it (the EMA) - sampled
     as a diffusion model: Heun, ``sample_steps`` = 18 steps (35 network evaluations). The multi-step quality the
     students are compared with."""
-    from fastgen.methods.distill import load_network_state
+    from fastgen.checkpoint.weights import load_network_state
 
     model = build(teacher_config())
     model.net.load_state_dict(load_network_state(str(checkpoint)))

@@ -53,7 +53,7 @@ def test_checkpointed_training_ends_with_the_same_weights(recipe: str) -> None:
 def test_only_trained_networks_are_checkpointed() -> None:
     from fastgen.configs.config_utils import load_config
     from fastgen.configs.instantiate import instantiate
-    from fastgen.utils.parallelize import apply_activation_checkpointing
+    from fastgen.distributed.parallelize import apply_activation_checkpointing
 
     config = load_config("Digits/config_dmd2_digits")
     config.model.activation_checkpointing = True

@@ -1,4 +1,4 @@
-"""``model.torch_compile_mode``: the trained network is compiled block by block (``fastgen.utils.parallelize.
+"""``model.torch_compile_mode``: the trained network is compiled block by block (``fastgen.distributed.parallelize.
 apply_compile``) and computes what the eager network computes; training runs compiled; a compile failure is one
 line naming the field. Compilation with inductor on CPU takes tens of seconds: the tests are slow."""
 
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from fastgen_testing import run_cli
 
 
@@ -27,7 +26,7 @@ def _model(recipe: str, mode: str | None):
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["Digits/config_sft_digits", "Digits/config_sft_dit_digits"])
 def test_a_compiled_network_matches_the_eager_one(recipe: str) -> None:
-    from fastgen.utils.parallelize import apply_compile, shard_units
+    from fastgen.distributed.parallelize import apply_compile, shard_units
 
     eager, compiled = _model(recipe, None), _model(recipe, "default")
     compiled.net.load_state_dict(eager.net.state_dict())
@@ -69,7 +68,7 @@ def test_two_ranks_train_compiled_blocks_like_eager_ones(mode: str, output_root:
 
     from multirank import fastgen
 
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.checkpoint.checkpointer import load_checkpoint
 
     common = ["train", "--nproc-per-node", "2", "-c", "Digits/config_sft_dit_digits", "--eval-samples", "0", "-",
               "trainer.max_iter=3", "trainer.save_ckpt_iter=3", "trainer.callbacks={}", "dataloader_val=null",

@@ -6,11 +6,12 @@ import math
 
 import pytest
 import torch
+from fastgen_testing import tiny_toy_config
 
 from fastgen.configs.config_utils import load_config
 from fastgen.configs.instantiate import LazyCall, instantiate
-from fastgen.profiling.estimate import build_meta_model, estimate_memory
-from fastgen_testing import tiny_toy_config
+from fastgen.profiling.estimate import build_meta_model
+from fastgen.profiling.plan import estimate_memory
 
 
 def real_bytes(config) -> dict[str, int]:  # noqa: ANN001

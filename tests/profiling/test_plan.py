@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from fastgen_testing import tiny_toy_config
 
 from fastgen.configs.config_utils import apply_overrides, load_config
 from fastgen.configs.instantiate import LazyCall
-from fastgen.profiling.estimate import build_meta_model, estimate_memory
-from fastgen.profiling.plan import plan_state, sharded_meta_model
+from fastgen.profiling.estimate import build_meta_model
+from fastgen.profiling.plan import estimate_memory, plan_state, sharded_meta_model
 from fastgen.profiling.state_bytes import state_bytes
 from fastgen.utils.errors import ConfigError, UsageError
-from fastgen_testing import tiny_toy_config
 
 # DMD2 on a small digits U-Net: student, EMA, frozen teacher, fake score and discriminator, three optimizers.
 DMD2_SMALL = ["model.teacher_ckpt=null", "model.net.backbone.model_channels=8", "trainer.fsdp=True"]

@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-from fastgen.utils import io as fastgen_io
-from fastgen.utils.convert import staged_file
-from fastgen.utils.io import atomic_open, atomic_write_text, atomic_write_with, current_umask, new_file_mode
 from fastgen_testing import FASTGEN
+
+from fastgen.checkpoint.convert import staged_file
+from fastgen.utils import io as fastgen_io
+from fastgen.utils.io import atomic_open, atomic_write_text, atomic_write_with, current_umask, new_file_mode
 
 
 def mode_of(path: Path) -> int:

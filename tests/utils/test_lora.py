@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from fastgen_testing import assert_same_checkpoint, run_cli
 
 from fastgen.configs.instantiate import LazyCall
 from fastgen.trainer import Trainer
 from fastgen.utils.errors import ConfigError
 from fastgen.utils.lora_utils import LoRAAdapter, is_adapter_key, merge_lora
-from fastgen_testing import assert_same_checkpoint, run_cli
 
 DIT_TARGETS = ["*attn.qkv", "*attn.proj", "*mlp.0", "*mlp.2"]
 
@@ -54,7 +54,7 @@ def base_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_only_the_adapter_trains_and_is_checkpointed(base_checkpoint: Path) -> None:
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.checkpoint.checkpointer import load_checkpoint
 
     trainer = Trainer(_dit_config("lora", 2, adapter=True, pretrained=base_checkpoint))
     model = trainer.run()
@@ -112,7 +112,7 @@ def test_merged_weights_reproduce_the_adapted_network(recipe: str) -> None:
 def test_bad_adapters_are_refused() -> None:
     from fastgen.configs.config_utils import load_config
     from fastgen.configs.instantiate import instantiate
-    from fastgen.utils.parallelize import load_full_state_dict
+    from fastgen.distributed.parallelize import load_full_state_dict
 
     net = instantiate(load_config("Digits/config_sft_dit_digits").model.net)
     with pytest.raises(ConfigError, match=r"'\*qkvv' matches no Linear / Conv layer"):
@@ -127,9 +127,9 @@ def test_bad_adapters_are_refused() -> None:
 @pytest.mark.slow
 def test_convert_merge_lora_writes_plain_networks_with_the_adapted_outputs(base_checkpoint: Path, tmp_path: Path,
                                                                             output_root: Path) -> None:
+    from fastgen.checkpoint.checkpointer import load_checkpoint
     from fastgen.configs.instantiate import instantiate
     from fastgen.evaluation.sampling import load_run
-    from fastgen.utils.checkpointer import load_checkpoint
 
     trainer = Trainer(_dit_config("to_merge", 2, adapter=True, pretrained=base_checkpoint))
     trainer.run()
@@ -155,8 +155,8 @@ def test_rebuilding_a_lora_run_from_a_net_only_base_starts_its_ema_from_that_bas
                                                                                   tmp_path: Path) -> None:
     """A pretrained file with only ``net`` (what ``convert-ckpt --only`` writes): the EMA's base is the loaded net,
     in training and when ``load_run`` rebuilds the run for sampling or ``--merge-lora``, through one loader."""
+    from fastgen.checkpoint.checkpointer import load_checkpoint
     from fastgen.evaluation.sampling import load_run
-    from fastgen.utils.checkpointer import load_checkpoint
 
     payload = load_checkpoint(base_checkpoint)
     net_only = tmp_path / "net_only.pth"

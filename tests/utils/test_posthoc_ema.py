@@ -48,10 +48,10 @@ def test_the_reconstruction_of_a_directly_tracked_width_matches_it(output_root: 
     25 updates, and one of 0.075 tracked directly. ``fastgen ema RUN --sigma-rel 0.075`` reconstructs the latter
     from the snapshots: its distance to the tracked EMA is under 2% of the distance between the two tracked EMAs
     (measured 0.4%; the nearest tracked EMA, 0.05, is 50% away), its profile error under 1% (measured 0.35%)."""
+    from fastgen.checkpoint.checkpointer import load_checkpoint
     from fastgen.configs.config_utils import load_config
     from fastgen.configs.instantiate import LazyCall
     from fastgen.trainer import Trainer
-    from fastgen.utils.checkpointer import load_checkpoint
 
     config = load_config("Digits/config_sft_digits")
     config.model.net.backbone.model_channels = 8
@@ -83,7 +83,7 @@ def test_the_reconstruction_of_a_directly_tracked_width_matches_it(output_root: 
     assert distance(state, direct) < 0.02 * distance(a, b), (distance(state, direct), distance(a, b))
     assert info["relative_profile_error"] < 0.01 and info["t"] == 400
     # the file is a teacher: it loads into the recipe's network
-    from fastgen.methods.distill import load_network_state
+    from fastgen.checkpoint.weights import load_network_state
 
     assert load_network_state(str(tmp_path / "ema.pth")).keys() == direct.keys()
 

@@ -140,7 +140,7 @@ def dcp_folder(tmp_path: Path) -> Path:
 
 
 def read(folder: Path):  # noqa: ANN201
-    from fastgen.utils.dcp_safe import SafeFileSystemReader
+    from fastgen.checkpoint.dcp_safe import SafeFileSystemReader
 
     return SafeFileSystemReader(str(folder)).read_metadata()
 
@@ -152,7 +152,7 @@ def rewrite(folder: Path, change) -> None:  # noqa: ANN001
 
 
 def test_a_valid_folder_reads_and_loads(dcp_folder: Path) -> None:
-    from fastgen.utils.checkpoint_manager import read_sharded_as_full
+    from fastgen.checkpoint.checkpointer import read_sharded_as_full
 
     state = read_sharded_as_full(dcp_folder)
     assert torch.equal(state["w"], torch.arange(6.0).reshape(2, 3)) and state["lr"] == 0.1
@@ -200,7 +200,7 @@ def test_a_tensor_entry_is_read_by_the_safe_unpickler(dcp_folder: Path, tmp_path
     would use torch's weights-only unpickler, a second set of rules)."""
     import io
 
-    from fastgen.utils.checkpoint_manager import read_sharded_as_full
+    from fastgen.checkpoint.checkpointer import read_sharded_as_full
 
     metadata = read(dcp_folder)
     index, info = next((i, s) for i, s in metadata.storage_data.items() if i.fqn == "b")

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from fastgen.utils import distributed as dist_utils
+from fastgen.distributed import group as dist_utils
 
 MediaKind = Literal["image", "video", "audio", "points"]
 

@@ -13,7 +13,7 @@ taken over with a warning. After ``flock`` succeeds the path must still be the f
 unlinks it; locking a file that is no longer the path's would let two runs in), else it tries again.
 
 **S3.** Checkpoints in a bucket may be shared by runs on machines that share no disk: ``S3RunLock`` keeps a lock
-object beside them (``fastgen.utils.checkpoint_store``) with the same content and a heartbeat the holder renews;
+object beside them (``fastgen.checkpoint.stores``) with the same content and a heartbeat the holder renews;
 one whose heartbeat is older than ``S3_STALE_S`` is a crashed run's.
 """
 
@@ -121,7 +121,7 @@ class RunLock:
 
 
 class S3RunLock:
-    """The lock object of a run's checkpoints in S3 (module docstring). ``storage`` is a ``fastgen.utils.s3``
+    """The lock object of a run's checkpoints in S3 (module docstring). ``storage`` is a ``fastgen.checkpoint.s3``
     ``S3Storage``, ``location`` the lock object's ``S3Location``."""
 
     def __init__(self, storage: Any, location: Any) -> None:
@@ -169,7 +169,7 @@ class S3RunLock:
         self.storage.upload_bytes(json.dumps({**self.holder, "heartbeat": time.time()}).encode(), self.location)
 
     def _read(self) -> dict[str, Any] | None:
-        from fastgen.utils.s3 import S3NotFoundError
+        from fastgen.checkpoint.s3 import S3NotFoundError
 
         try:
             return _parse(self.storage.read_bytes(self.location).decode(errors="replace"))

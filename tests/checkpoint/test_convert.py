@@ -1,4 +1,4 @@
-"""Checkpoint conversion (``fastgen.utils.convert``) on checkpoints written by real training runs: exact round
+"""Checkpoint conversion (``fastgen.checkpoint.convert``) on checkpoints written by real training runs: exact round
 trips through every format, ``only`` / ``dtype``, bounded pieces, and bad input that leaves nothing behind."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from fastgen_testing import assert_same_tree, state_tensors, tiny_toy_config
 from s3server import S3Server
 
+from fastgen.checkpoint import convert
+from fastgen.checkpoint.checkpointer import load_checkpoint
 from fastgen.trainer import Trainer
-from fastgen.utils import convert
-from fastgen.utils.checkpointer import load_checkpoint
 from fastgen.utils.errors import CheckpointError, UsageError
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -62,8 +62,8 @@ def test_pth_to_safetensors_round_trip_is_exact(trained: Path, tmp_path: Path) -
 
 
 def test_only_ema_is_a_teacher_file_for_teacher_ckpt_and_pretrained_ckpt_path(trained: Path, tmp_path: Path) -> None:
-    from fastgen.methods.distill import load_network_state
-    from fastgen.utils.checkpoint_manager import restore_modules
+    from fastgen.checkpoint.manager import restore_modules
+    from fastgen.checkpoint.weights import load_network_state
 
     source = load_checkpoint(trained)
     net, ema = source["model"]["net"], source["model"]["ema"]
@@ -176,7 +176,7 @@ def test_a_bare_state_dict_is_the_weights_of_net(tmp_path: Path) -> None:
 def test_a_folder_destination_gets_the_iteration_name(trained: Path, tmp_path: Path) -> None:
     convert.convert_checkpoint(str(trained), str(tmp_path / "ckpts") + "/", to="dcp")
     assert entries(tmp_path / "ckpts") == {"0000003.dcp", "0000003.pth"}
-    from fastgen.utils.checkpointer import Checkpointer
+    from fastgen.checkpoint.checkpointer import Checkpointer
 
     assert Checkpointer(str(tmp_path / "ckpts"), tmp_path).latest() == tmp_path / "ckpts" / "0000003.pth"
 
@@ -184,7 +184,7 @@ def test_a_folder_destination_gets_the_iteration_name(trained: Path, tmp_path: P
 def test_a_failed_s3_upload_leaves_nothing_at_the_destination(trained: Path, tmp_path: Path, s3_server: S3Server,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The marker's upload fails (after the shards and .metadata went up): every uploaded object is deleted."""
-    from fastgen.utils import s3
+    from fastgen.checkpoint import s3
 
     for key, value in s3_server.environment().items():
         monkeypatch.setenv(key, value)

@@ -1,6 +1,6 @@
 """Convert checkpoints between formats, one bounded piece at a time: ``fastgen convert-ckpt``.
 
-**Formats** (``fastgen.utils.checkpoint_manager`` documents the first two):
+**Formats** (``fastgen.checkpoint.manager`` documents the first two):
 
 * ``pth`` - a monolithic ``.pth``: one ``torch.save`` dict (networks, optimizers, schedulers, per-rank state);
 * ``dcp`` - a sharded checkpoint: a DCP folder ``NAME.dcp/`` plus its marker ``NAME.pth`` (the non-tensor state,
@@ -11,7 +11,7 @@
 
 A source is a ``.pth`` (monolithic, a sharded marker, or a bare state dict, which counts as the weights of ``net``
 as ``load_checkpoint`` treats it), a ``.dcp`` folder, a ``.safetensors`` file, a checkpoints folder or a run
-directory (its newest valid checkpoint), locally or under ``s3://bucket/prefix`` (``fastgen.utils.s3``; objects
+directory (its newest valid checkpoint), locally or under ``s3://bucket/prefix`` (``fastgen.checkpoint.s3``; objects
 are downloaded to a temporary folder first, and a sharded checkpoint's folder on S3 is ``NNNNNNN/`` beside
 ``NNNNNNN.pth``).
 
@@ -67,10 +67,10 @@ from typing import Any
 
 import torch
 
-from fastgen.utils.checkpoint_manager import VERSION, _first_line, dcp_folder
-from fastgen.utils.checkpointer import FORMAT
-from fastgen.utils.dcp_safe import SafeFileSystemReader, SafeWholeLoadPlanner
-from fastgen.utils.errors import CheckpointError, UsageError
+from fastgen.checkpoint.checkpointer import FORMAT, VERSION, dcp_folder
+from fastgen.checkpoint.dcp_safe import SafeFileSystemReader, SafeWholeLoadPlanner
+from fastgen.utils.dtypes import FLOAT_DTYPES
+from fastgen.utils.errors import CheckpointError, UsageError, first_line
 from fastgen.utils.io import _fsync_dir, give_new_file_mode
 from fastgen.utils.logging import get_logger
 from fastgen.utils.safe_pickle import CorruptFileError, torch_load
@@ -78,7 +78,7 @@ from fastgen.utils.safe_pickle import CorruptFileError, torch_load
 logger = get_logger(__name__)
 
 FORMATS = ("pth", "dcp", "safetensors")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = FLOAT_DTYPES  # what --dtype takes
 SECTIONS = ("model", "optimizers")  # the parts of a checkpoint whose tensors are streamed
 PIECE_BYTES = 64 << 20
 _SUFFIX_FORMAT = {".pth": "pth", ".pt": "pth", ".safetensors": "safetensors", ".dcp": "dcp"}
@@ -215,7 +215,7 @@ class ShardedSource(Source):
         except CheckpointError:
             raise  # the safe reader's own one-line refusal
         except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(f"sharded checkpoint {self.folder} has unreadable metadata ({_first_line(exc)})") from None
+            raise CheckpointError(f"sharded checkpoint {self.folder} has unreadable metadata ({first_line(exc)})") from None
         missing = sorted({info.relative_path for info in self.metadata.storage_data.values()
                           if not (self.folder / info.relative_path).is_file()})
         if missing:
@@ -252,7 +252,7 @@ class ShardedSource(Source):
         except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException derives from BaseException
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise CheckpointError(f"sharded checkpoint {self.folder} cannot be read: {_first_line(exc)}") from None
+            raise CheckpointError(f"sharded checkpoint {self.folder} cannot be read: {first_line(exc)}") from None
         return state
 
     def read(self, paths: list[TreePath]) -> dict[TreePath, torch.Tensor]:
@@ -275,7 +275,7 @@ class SafetensorsSource(Source):
                 specs = {key: TensorSpec(_dtype_of(handle.get_slice(key).get_dtype()),
                                          tuple(handle.get_slice(key).get_shape())) for key in handle.keys()}
         except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(f"{description} is not a readable safetensors file ({_first_line(exc)})") from None
+            raise CheckpointError(f"{description} is not a readable safetensors file ({first_line(exc)})") from None
         networks = json.loads(metadata["networks"]) if "networks" in metadata else None
         model: dict[str, dict[str, TensorSpec]] = {}
         self.keys: dict[TreePath, str] = {}
@@ -529,7 +529,7 @@ def write_dcp(folder: Path, leaves: list[Leaf], tree: dict[str, Any],
         except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException derives from BaseException
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise CheckpointError(f"writing {folder} failed: {_first_line(exc)}") from None
+            raise CheckpointError(f"writing {folder} failed: {first_line(exc)}") from None
         del state, piece
         merged = writer.metadata if merged is None else _merge_metadata(merged, writer.metadata)
     with open(folder / ".metadata", "wb") as handle:
@@ -760,7 +760,7 @@ def convert_checkpoint(src: str, dst: str, to: str | None = None, only: str | No
     with tempfile.TemporaryDirectory(prefix="fastgen-convert-") as scratch:
         storage = None
         if _is_s3(src) or _is_s3(dst):
-            from fastgen.utils.s3 import S3Storage
+            from fastgen.checkpoint.s3 import S3Storage
 
             storage = S3Storage.from_config(credentials_dir)
         local_src, description = (_fetch_s3_source(storage, src, Path(scratch) / "src") if _is_s3(src)
@@ -842,7 +842,7 @@ def _resolve_folder_source(src: str, credentials_dir: Any) -> tuple[str, Any]:
     path = Path(src).expanduser()
     if not path.is_dir() or path.suffix == ".dcp":
         return src, credentials_dir
-    from fastgen.utils.checkpoint_source import resolve_checkpoint
+    from fastgen.checkpoint.source import resolve_checkpoint
 
     resolved = resolve_checkpoint(path, None if credentials_dir is None else os.fspath(credentials_dir))
     return resolved.checkpoint, credentials_dir if credentials_dir is not None else resolved.credentials_dir
@@ -868,7 +868,7 @@ def _is_s3(text: str) -> bool:
 def _fetch_s3_source(storage: Any, src: str, scratch: Path) -> tuple[Path, str]:
     """Download the checkpoint SRC names (an object, a ``NNNNNNN.dcp`` DCP folder or a prefix's newest valid
     checkpoint) to ``scratch``; return the local path and the URL for messages."""
-    from fastgen.utils.s3 import S3Location, checkpoint_folder, newest_valid_checkpoint
+    from fastgen.checkpoint.s3 import S3Location, checkpoint_folder, newest_valid_checkpoint
 
     location = S3Location.parse(src)
     scratch.mkdir(parents=True, exist_ok=True)
@@ -909,7 +909,7 @@ def _download(storage: Any, location: Any, path: Path) -> Path:
 def _s3_destination(storage: Any, dst: str, fmt: str, iteration: int, scratch: Path) -> Destination:
     """Local staging paths and the objects they become. A DCP output on S3 has the local layout: the folder
     ``NNNNNNN.dcp`` beside its marker ``NNNNNNN.pth``."""
-    from fastgen.utils.s3 import S3Location
+    from fastgen.checkpoint.s3 import S3Location
 
     location = S3Location.parse(dst)
     name = location.name
@@ -934,7 +934,7 @@ def _s3_destination(storage: Any, dst: str, fmt: str, iteration: int, scratch: P
 def _upload(storage: Any, destination: Destination) -> None:
     """Upload the staged output: a file as one object; a DCP folder's shards, then its ``.metadata``, then the
     marker. A failure deletes what was uploaded."""
-    from fastgen.utils.s3 import S3Location
+    from fastgen.checkpoint.s3 import S3Location
 
     if destination.remote_marker is None:
         storage.upload_file(destination.path, destination.remote)
@@ -1033,3 +1033,37 @@ def _looks_like_zip(path: Path) -> bool:
     with contextlib.suppress(OSError), open(path, "rb") as handle:
         return handle.read(4) == b"PK\x03\x04"
     return False
+
+
+# ------------------------------------------------------------------------------------------- LoRA export
+def export_merged(src: str, dst: str, only: str | None = None) -> dict[str, Any]:
+    """``convert-ckpt --merge-lora``: rebuild the run of checkpoint ``src`` (its config.yaml; the base from its
+    source, the adapter from the checkpoint), merge every adapted network and write a ``.pth`` at ``dst`` with
+    plain networks (``--only NAME``: that network alone, as ``net`` - a teacher / initial-weights file). Nothing
+    is left at ``dst`` on failure. Returns ``{"iteration", "networks", "merged"}``."""
+    from fastgen.checkpoint.run import load_run
+    from fastgen.utils.io import atomic_open
+    from fastgen.utils.lora_utils import is_adapted, merge_lora
+
+    target = Path(dst).expanduser()
+    if "://" in src or "://" in dst:
+        raise UsageError("--merge-lora reads and writes local files: copy the run from S3 first")
+    if target.suffix != ".pth" or target.exists():
+        raise UsageError(f"--merge-lora writes a new .pth file: {target} " +
+                         ("exists" if target.exists() else "does not end in .pth"))
+    run = load_run(src)
+    modules = run.model.saved_modules  # a frozen teacher is not the run's to export (nor in its checkpoints)
+    adapted = [name for name, module in modules.items() if is_adapted(module)]
+    if not adapted:
+        raise UsageError(f"{run.checkpoint} has no LoRA adapter (model.net_adapter was not set): convert it without "
+                         "--merge-lora")
+    if only is not None and only not in modules:
+        raise UsageError(f"--only {only}: the run has {', '.join(modules)}")
+    merged = {name: merge_lora(modules[name]) for name in adapted}
+    chosen = {("net" if only else name): modules[name] for name in ([only] if only else list(modules))}
+    payload = {"format": FORMAT, "version": VERSION, "iteration": run.iteration,
+               "model": {name: {k: v.detach().cpu() for k, v in module.state_dict().items()}
+                         for name, module in chosen.items()}}
+    with atomic_open(target, "wb") as handle:
+        torch.save(payload, handle)
+    return {"iteration": run.iteration, "networks": list(chosen), "merged": merged}

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastgen.utils.checkpointer import Checkpointer
+from fastgen.checkpoint.checkpointer import Checkpointer
 from fastgen.utils.errors import UsageError
 from fastgen.utils.logging import get_logger
 
@@ -75,7 +75,7 @@ def _resolve_run_dir(run_dir: Path, config_yaml: Path, credentials_dir: str | No
     """A run directory: where its config says its checkpoints are (a folder, or S3), newest valid."""
     from omegaconf import OmegaConf
 
-    from fastgen.utils.checkpoint_store import S3Store, checkpoint_store
+    from fastgen.checkpoint.stores import S3Store, checkpoint_store
 
     config = OmegaConf.load(config_yaml)
     checkpointer = OmegaConf.select(config, "trainer.checkpointer")
@@ -102,7 +102,7 @@ def _resolve_s3(url: str, credentials_dir: str | None) -> ResolvedCheckpoint:
     (a run prefix)."""
     if url.endswith(CHECKPOINT_SUFFIXES):
         return ResolvedCheckpoint(url, None, credentials_dir)
-    from fastgen.utils.checkpoint_store import S3Store
+    from fastgen.checkpoint.stores import S3Store
 
     for prefix in (url, f"{url}/checkpoints"):
         found = S3Store(prefix, None, credentials_dir).list()
@@ -114,7 +114,7 @@ def _resolve_s3(url: str, credentials_dir: str | None) -> ResolvedCheckpoint:
 def read_resolved(resolved: ResolvedCheckpoint) -> dict[str, Any]:
     """The whole checkpoint (a sharded one assembled into full tensors in this process), local or S3; a local
     ``.dcp`` folder is read through the marker beside it."""
-    from fastgen.utils.checkpoint_store import read_whole_checkpoint
+    from fastgen.checkpoint.stores import read_whole_checkpoint
 
     checkpoint = resolved.checkpoint
     if not resolved.is_s3 and checkpoint.endswith(".dcp"):

@@ -1,4 +1,4 @@
-"""The keyed, counter-based noise generator (``fastgen.utils.keyed_rng``): the hash, the statistics of its
+"""The keyed, counter-based noise generator (``fastgen.distributed.keyed_rng``): the hash, the statistics of its
 normals / uniforms / integers, what the keys are (and are not) a function of, dtypes and devices."""
 
 from __future__ import annotations
@@ -10,8 +10,15 @@ import pytest
 import torch
 from scipy import stats
 
-import fastgen.utils.keyed_rng as keyed_rng
-from fastgen.utils.keyed_rng import GLOBAL_NOISE, KeyedNoise, TorchNoise, as_noise_source, lowbias32, lowbias32_int
+import fastgen.distributed.keyed_rng as keyed_rng
+from fastgen.distributed.keyed_rng import (
+    GLOBAL_NOISE,
+    KeyedNoise,
+    TorchNoise,
+    as_noise_source,
+    lowbias32,
+    lowbias32_int,
+)
 
 
 def ids(n: int, start: int = 0) -> torch.Tensor:

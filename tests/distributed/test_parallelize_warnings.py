@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 
-from fastgen.utils.parallelize import _quiet_size_one_stride_warning
+from fastgen.distributed.parallelize import _quiet_size_one_stride_warning
 
 TEXT = ("Grad strides do not match bucket view strides. This may indicate grad was not created according to the "
         "gradient layout contract, or that the param's strides changed since DDP was constructed.  This is not an "

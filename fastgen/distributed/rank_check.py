@@ -14,7 +14,7 @@ wrong. ``run_rank_checks`` checks, on every rank of the launched job:
    ``torch.distributed.monitored_barrier`` on a gloo group (a gloo side group when the job's backend is NCCL).
    Rank 0 waits ``timeout_s`` and names every rank that did not arrive; it then tells the other ranks through the
    rendezvous store, so that they - the stuck one included, through ``FailureWatch`` - stop instead of hanging.
-3. **fingerprints** (``fastgen.utils.fingerprint``) - the model is built exactly as the trainer builds it (the
+3. **fingerprints** (``fastgen.distributed.fingerprint``) - the model is built exactly as the trainer builds it (the
    shared seed; on a fresh start the initial weights; ``parallelize`` by ``trainer.ddp`` / ``trainer.fsdp`` on
    the mesh of ``init_distributed``; a checkpoint loaded as a resume loads it, from *this rank's own read* of the
    file - never a broadcast, since the point is to catch a node that reads other bytes). Compared are:
@@ -51,9 +51,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fastgen.utils import distributed as dist_utils
-from fastgen.utils.errors import FastGenError, FastGenRuntimeError, UsageError
-from fastgen.utils.fingerprint import (
+from fastgen.distributed import group as dist_utils
+from fastgen.distributed.fingerprint import (
     Disagreement,
     disagreements,
     fingerprint_tensors,
@@ -61,6 +60,7 @@ from fastgen.utils.fingerprint import (
     is_sharded,
     tensor_fingerprint,
 )
+from fastgen.utils.errors import FastGenError, FastGenRuntimeError, UsageError, one_line
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -244,7 +244,7 @@ def _end_without_rank0(timeout_s: float, gave_up: threading.Event) -> None:
     """The follower's timer: rank 0 never came to the barrier. The main thread is blocked in it, so end here."""
     import sys
 
-    from fastgen.utils.launch import launched
+    from fastgen.distributed.launch import launched
 
     gave_up.set()
     _report_rank0_missing(timeout_s)
@@ -263,7 +263,7 @@ def stuck_message(ranks: tuple[int, ...], timeout_s: float) -> str:
 # ---- tier 3: fingerprints ----------------------------------------------------------------------------------------------
 def named_model_tensors(model: Any) -> list[tuple[str, str, torch.Tensor]]:
     """``(network.name, "parameter" | "buffer", tensor)`` for every network of the method, in a fixed order."""
-    from fastgen.utils.parallelize import named_networks
+    from fastgen.distributed.parallelize import named_networks
 
     out = []
     for network, module in named_networks(model).items():
@@ -286,8 +286,8 @@ def checkpoint_tensors(payload: Any, prefix: str = "") -> dict[str, torch.Tensor
 
 def check_checkpoint_path(path: str) -> str:
     """The checkpoint ``path`` names - itself, or the newest valid one of a checkpoints folder or run directory,
-    local or ``s3://`` (``fastgen.utils.checkpoint_source``); ``UsageError`` when it names nothing."""
-    from fastgen.utils.checkpoint_source import resolve_checkpoint
+    local or ``s3://`` (``fastgen.checkpoint.source``); ``UsageError`` when it names nothing."""
+    from fastgen.checkpoint.source import resolve_checkpoint
 
     if not path.startswith("s3:") and not Path(path).exists():
         raise UsageError(f"--checkpoint {path}: no such file")
@@ -303,8 +303,8 @@ def read_checkpoint(path: str) -> dict[str, Any]:
     """This rank's own read of ``path`` (safe loading, clear errors; a folder, run directory or ``s3://`` source
     as ``check_checkpoint_path`` resolves it). A FIFO or a device is copied to a temporary file first, as
     ``torch.load`` needs to seek."""
-    from fastgen.utils.checkpoint_store import read_whole_checkpoint
-    from fastgen.utils.checkpointer import load_checkpoint
+    from fastgen.checkpoint.checkpointer import load_checkpoint
+    from fastgen.checkpoint.stores import read_whole_checkpoint
 
     resolved = check_checkpoint_path(path)
     if resolved.startswith("s3://"):
@@ -313,7 +313,7 @@ def read_checkpoint(path: str) -> dict[str, Any]:
     if source.is_file():
         return load_checkpoint(source)
     if source.is_dir():  # a .dcp folder: through the marker beside it
-        from fastgen.utils.checkpoint_source import ResolvedCheckpoint, read_resolved
+        from fastgen.checkpoint.source import ResolvedCheckpoint, read_resolved
 
         return read_resolved(ResolvedCheckpoint(resolved, None))
     with open(source, "rb") as handle, tempfile.NamedTemporaryFile(suffix=".pth") as copy:
@@ -357,8 +357,8 @@ def _fingerprinted(named: list[tuple[str, torch.Tensor]]) -> tuple[list[str], to
     return [name for name, _ in named], fingerprint_tensors(t for _, t in named)
 
 
-def _one_line(exc: FastGenError) -> tuple[int, str]:
-    return exc.exit_code, " ".join(str(exc).split())
+def _coded_line(exc: FastGenError) -> tuple[int, str]:
+    return exc.exit_code, one_line(exc)
 
 
 class _Rank:
@@ -366,7 +366,8 @@ class _Rank:
     the checkpoint (``read``), then - after the liveness barrier, as these involve collectives -
     ``parallelize`` and load the checkpoint as a resume does (``load``), and fingerprint the result."""
 
-    def __init__(self, config: Any, mesh: Any, checkpoint: str | None) -> None:
+    def __init__(self, config: Any, mesh: Any, checkpoint: str | None, trainer_class: type) -> None:
+        self.trainer_class = trainer_class
         self.config, self.mesh, self.checkpoint = config, mesh, checkpoint
         self.material = _Tier3()
         self.full: dict[str, torch.Tensor] = {}  # network.name -> full tensor this rank holds (shard reference)
@@ -381,11 +382,10 @@ class _Rank:
         only rank 0 builds real weights and every rank receives them by broadcast: nothing to compare as built,
         and the trainer's own build runs after the barrier."""
         from fastgen.configs.instantiate import instantiate
-        from fastgen.trainer import Trainer
         from fastgen.utils.rng import seed_everything
 
         seed_everything(self.config.trainer.seed)
-        self.trainer = Trainer(self.config)  # for its loading code; no run directory is created
+        self.trainer = self.trainer_class(self.config)  # for its loading code; no run directory is created
         self.trainer.mesh = self.mesh
         if self.config.model.meta_init:
             return  # rank 0 alone builds and broadcasts (collectives): the trainer's own build, in ``load``
@@ -406,7 +406,7 @@ class _Rank:
         try:
             self.payload = read_checkpoint(self.checkpoint)
         except FastGenError as exc:
-            self.material.error = _one_line(exc)
+            self.material.error = _coded_line(exc)
             return
         tensors = checkpoint_tensors(self.payload)
         self.material.checkpoint = _fingerprinted(list(tensors.items()))
@@ -418,8 +418,8 @@ class _Rank:
     def load(self) -> None:
         """``parallelize`` (collectives: every rank, also one whose read failed), load the checkpoint, and
         fingerprint the replicated tensors and the local shards."""
-        from fastgen.utils.checkpoint_manager import restore_modules
-        from fastgen.utils.parallelize import parallelize
+        from fastgen.checkpoint.manager import restore_modules
+        from fastgen.distributed.parallelize import parallelize
 
         if self.model is None:  # model.meta_init
             self.model = self.trainer._build_model(fresh=self.checkpoint is None)
@@ -432,7 +432,7 @@ class _Rank:
             try:
                 restore_modules(self.model, self.payload, self.checkpoint, allow_missing=True)
             except FastGenError as exc:
-                self.material.error = _one_line(exc)
+                self.material.error = _coded_line(exc)
             self.payload = None
         replicated, shards = [], []
         for name, kind, tensor in named_model_tensors(self.model):
@@ -530,7 +530,7 @@ def refuse_detail_with_gloo_ddp(config: Any) -> None:
     """Raise ``UsageError`` for ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` with a DDP config on CPU: torch's
     ``DistributedDataParallel`` then crashes the process (SIGSEGV in ``c10d::Logger::set_env_variables``, seen
     with torch 2.13 on a gloo group), so the check would end in a signal rather than a report."""
-    from fastgen.utils.parallelize import distributed_mode
+    from fastgen.distributed.parallelize import distributed_mode
 
     if distributed_mode(config.trainer) == "ddp" and dist_utils.select_device(config.trainer.device).type == "cpu":
         raise UsageError("--detail (TORCH_DISTRIBUTED_DEBUG=DETAIL) cannot check a DDP config on CPU: torch's "
@@ -549,8 +549,12 @@ def _gloo_group(timeout_s: float) -> Any:
     return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def run_rank_checks(config: Any, checkpoint: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> RankCheckReport:
+def run_rank_checks(config: Any, trainer_class: type, checkpoint: str | None = None,
+                    timeout_s: float = DEFAULT_TIMEOUT_S) -> RankCheckReport:
     """Join the launched job's process group (``init_distributed``) and run the three tiers (module docstring).
+
+    ``trainer_class``: ``fastgen.trainer.Trainer`` - its build and loading code is what tier 3 replays (passed in:
+    this engine module sits below the trainer and never imports it).
 
     Every rank calls it and gets the report (rank 0 renders it). The group is left at the end, unless a rank got
     stuck: then no collective can finish, and the caller should end the process.
@@ -576,7 +580,7 @@ def run_rank_checks(config: Any, checkpoint: str | None = None, timeout_s: float
         report.findings += env
         report.tiers["environment"] = _status(env, "consistent (" + ", ".join(COMPARED_KEYS) + " compared)")
 
-        rank = _Rank(config, mesh, checkpoint)
+        rank = _Rank(config, mesh, checkpoint, trainer_class)
         rank.build()
         rank.read()
         report.stuck = liveness_barrier(group, timeout_s)
@@ -597,7 +601,7 @@ def run_rank_checks(config: Any, checkpoint: str | None = None, timeout_s: float
         return report
     except BaseException as exc:
         if report.world_size > 1 and not isinstance(exc, SystemExit):
-            dist_utils.report_failure(_exception_line(exc), secondary=dist_utils.is_peer_failure(exc),
+            dist_utils.report_failure(one_line(exc), secondary=dist_utils.is_peer_failure(exc),
                                       exit_code=getattr(exc, "exit_code", 1))
         if owns_group:
             dist_utils.teardown()
@@ -606,13 +610,6 @@ def run_rank_checks(config: Any, checkpoint: str | None = None, timeout_s: float
         watch.stop()
         if owns_group and not report.stuck and dist_utils.is_initialized():
             _leave()
-
-
-def _exception_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    if isinstance(exc, FastGenError):
-        return text
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _status(findings: list[Finding], ok: str) -> str:

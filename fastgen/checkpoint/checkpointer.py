@@ -28,7 +28,7 @@ one-line error that points at ``trainer.checkpointer.pretrained_ckpt_path``, whi
 either format. Monolithic tensors are full and load into any layout; sharded ones are resharded by DCP. Both
 resume at another world size - exactly for weights and optimizer states, with the data loader continuing from
 the global sample position and random streams derived per rank - and bit-identically only at the same world
-size (``fastgen.utils.checkpoint_manager`` documents what a run saves and restores). ``load_checkpoint`` returns
+size (``fastgen.checkpoint.manager`` documents what a run saves and restores). ``load_checkpoint`` returns
 the monolithic dict for either format (assembling a sharded folder's tensors in this process), for tools that
 need whole networks: sampling, evaluation, teachers, ``pretrained_ckpt_path``.
 
@@ -37,7 +37,7 @@ on S3 - is read by one unpickler that resolves only an exact list of names (``fa
 checkpoint cannot execute code. A truncated
 or corrupt file raises ``CheckpointError`` naming the file and what to do. A relative ``save_dir`` lives inside
 the run directory, or with ``use_s3=True`` under ``s3://<s3_container>/<project>/<group>/<name>/``
-(``fastgen.utils.checkpoint_store``: the same names there; objects appear whole, the marker last).
+(``fastgen.checkpoint.stores``: the same names there; objects appear whole, the marker last).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from fastgen.utils.errors import CheckpointError
+from fastgen.utils.errors import CheckpointError, first_line
 from fastgen.utils.io import atomic_write_with
 from fastgen.utils.logging import get_logger
 from fastgen.utils.safe_pickle import CorruptFileError, torch_load
@@ -58,6 +58,7 @@ from fastgen.utils.safe_pickle import CorruptFileError, torch_load
 logger = get_logger(__name__)
 _NAME = re.compile(r"^(\d{7,})\.pth$")
 FORMAT = "fastgen-checkpoint"
+VERSION = 3  # 3: per-rank callback / loader state; sharded checkpoints (a marker + a DCP folder)
 
 
 class CorruptCheckpointError(CheckpointError):
@@ -113,12 +114,12 @@ class Checkpointer:
         found = self.list()
         return found[-1][1] if found else None
 
-    def newest_valid(self) -> Path | None:
+    def newest_valid(self, listing: list[tuple[int, Path]] | None = None) -> Path | None:
         """The newest checkpoint whose ``.pth`` is whole (its zip directory reads). Saves are atomic, so only
         damage from outside (a truncating copy, a full disk during a copy) makes one incomplete; it is skipped
         with a warning naming it, and the one before it is used - by training's resume and by every command
-        (``fastgen.utils.checkpoint_source``)."""
-        for _, path in reversed(self.list()):
+        (``fastgen.checkpoint.source``). ``listing``: this folder's ``list()``, when the caller has just made it."""
+        for _, path in reversed(self.list() if listing is None else listing):
             if looks_complete(path):
                 return path
             logger.warning("skipping checkpoint %s: it is truncated or not a whole torch file; using the one "
@@ -169,8 +170,6 @@ def load_checkpoint(path: str | os.PathLike[str], mmap: bool = False) -> dict[st
     except CorruptFileError as exc:
         raise CorruptCheckpointError(path, exc.reason) from None
     if isinstance(payload, dict) and payload.get("format") == FORMAT and payload.get("layout") == "sharded":
-        from fastgen.utils.checkpoint_manager import dcp_folder, read_sharded_as_full
-
         return {**payload, **read_sharded_as_full(dcp_folder(path))}  # whole tensors, assembled in this process
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         if isinstance(payload, dict) and "model" not in payload and all(isinstance(v, torch.Tensor) for v in payload.values()):
@@ -178,3 +177,38 @@ def load_checkpoint(path: str | os.PathLike[str], mmap: bool = False) -> dict[st
             return {"format": FORMAT, "version": 1, "iteration": 0, "model": {"net": payload}}
         raise CheckpointError(f"{path} is not a fastgen checkpoint")
     return payload
+
+
+def dcp_folder(marker: Path) -> Path:
+    """The DCP folder of a (local) sharded checkpoint's marker."""
+    return Path(marker).with_suffix(".dcp")
+
+
+def dcp_errors() -> tuple[type[BaseException], ...]:
+    """What a save or load may raise: any ``Exception``, and DCP's ``CheckpointException`` (a failure on any rank),
+    which derives from ``BaseException``. Imported when an error is matched (DCP is loaded by then): importing
+    torch.distributed.checkpoint costs half a second at start-up, which one-process runs do not need."""
+    from torch.distributed.checkpoint import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+def read_sharded_as_full(folder: Path) -> dict[str, Any]:
+    """The tensors of a DCP folder assembled in this process (no process group): ``{"model": {net: state},
+    "optimizers": {...}}`` with full tensors. For tools that need whole networks (sampling, conversion,
+    ``pretrained_ckpt_path``); a training resume reads only its own shards (``load_sharded``)."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from fastgen.checkpoint.dcp_safe import SafeFileSystemReader, SafeWholeLoadPlanner, checked_metadata
+
+    state: dict[str, Any] = {}
+    reader = SafeFileSystemReader(str(folder))
+    try:
+        checked_metadata(reader)
+    except FileNotFoundError:
+        raise CheckpointError(f"sharded checkpoint {folder} has no .metadata (an incomplete or missing folder)") from None
+    try:
+        _load_state_dict(state, storage_reader=reader, planner=SafeWholeLoadPlanner(), no_dist=True)
+    except dcp_errors() as exc:
+        raise CheckpointError(f"sharded checkpoint {folder} cannot be read: {first_line(exc)}") from None
+    return state

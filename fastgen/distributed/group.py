@@ -279,7 +279,7 @@ def report_failure(message: str, secondary: bool = False, exit_code: int = 1) ->
     ``is_peer_failure``): the first failure wins the key, so a later one changes nothing, and when the first one
     came from a rank that could not announce it (killed) this one still stops the ranks that are waiting.
     ``secondary`` marks the agent's record, so the launcher names the cause, not a consequence."""
-    from fastgen.utils.launch import record_worker_error
+    from fastgen.distributed.launch import record_worker_error
 
     text = f"rank {get_rank()}: {message}"
     record_worker_error(text, secondary=secondary, exit_code=exit_code)
@@ -350,7 +350,7 @@ def exit_on_peer_failure(message: str) -> None:
     --nproc-per-node`` tells its launcher instead, which reports the first failure once."""
     import sys
 
-    from fastgen.utils.launch import launched, record_worker_error
+    from fastgen.distributed.launch import launched, record_worker_error
 
     line = f"rank {get_rank()} stopped because {message}"
     if not (launched() and record_worker_error(line, secondary=True)):

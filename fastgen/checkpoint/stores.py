@@ -1,6 +1,6 @@
 """Where checkpoints live: a folder (local disk or a shared filesystem) or an S3 prefix, behind one interface.
 
-The checkpoint manager (``fastgen.utils.checkpoint_manager``) decides *what* to save; a store knows *where*: the
+The checkpoint manager (``fastgen.checkpoint.manager``) decides *what* to save; a store knows *where*: the
 names (``{iteration:07d}.pth``, and ``{iteration:07d}.dcp/`` for a sharded checkpoint, the same in both stores),
 how to write an object so that it appears whole or not at all, how to list the valid checkpoints, and which DCP
 storage writer / reader to use. A checkpoint is referred to by its marker as a string: a path, or an
@@ -10,7 +10,7 @@ storage writer / reader to use. A checkpoint is referred to by its marker as a s
 
 * ``use_s3=True``: ``s3://<s3_container>/<project>/<group>/<name>/<save_dir>`` (the seed: a relative ``save_dir``
   goes "under s3_container if use_s3=True"; an ``s3://`` ``save_dir`` is used as it is). Credentials come from
-  ``credentials_dir/s3.json`` or the environment (``fastgen.utils.s3.resolve_credentials``). Objects are atomic
+  ``credentials_dir/s3.json`` or the environment (``fastgen.checkpoint.s3.resolve_credentials``). Objects are atomic
   (S3 has no partial PUT), so a monolithic ``.pth`` and a marker are uploaded whole, the marker last; a listing
   error raises - a resume never silently starts at iteration 0 because the bucket could not be read.
 * otherwise the folder ``save_dir`` (relative: inside the run directory): atomic renames (``fastgen.utils.io``).
@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import torch
 
-from fastgen.utils.checkpointer import (
+from fastgen.checkpoint.checkpointer import (
     Checkpointer,
     CorruptCheckpointError,
     iterations_to_prune,
@@ -52,7 +52,7 @@ class LocalStore:
         check_writable_dir(self.files.save_dir)
 
     def lock(self) -> None:
-        """Nothing: the run directory's lock (``fastgen.utils.run_lock``) covers a local checkpoints folder."""
+        """Nothing: the run directory's lock (``fastgen.checkpoint.run_lock``) covers a local checkpoints folder."""
 
     def unlock(self) -> None:
         """Nothing (``lock``)."""
@@ -60,8 +60,8 @@ class LocalStore:
     def list(self) -> list[tuple[int, str]]:
         return [(iteration, str(path)) for iteration, path in self.files.list()]
 
-    def newest_valid(self) -> str | None:
-        found = self.files.newest_valid()
+    def newest_valid(self, listing: list[tuple[int, str]] | None = None) -> str | None:
+        found = self.files.newest_valid(None if listing is None else [(i, Path(p)) for i, p in listing])
         return None if found is None else str(found)
 
     def marker(self, iteration: int) -> str:
@@ -107,16 +107,16 @@ class LocalStore:
         return FileSystemWriter(self.folder(marker), single_file_per_rank=True, sync_files=True)
 
     def dcp_reader(self, marker: str) -> Any:
-        from fastgen.utils.dcp_safe import SafeFileSystemReader
+        from fastgen.checkpoint.dcp_safe import SafeFileSystemReader
 
         return SafeFileSystemReader(self.folder(marker))
 
 
 class S3Store:
-    """Checkpoints under an S3 prefix (``fastgen.utils.s3``)."""
+    """Checkpoints under an S3 prefix (``fastgen.checkpoint.s3``)."""
 
     def __init__(self, url: str, keep_last_n: int | None, credentials_dir: str | None) -> None:
-        from fastgen.utils import s3
+        from fastgen.checkpoint import s3
 
         self.s3 = s3
         self.prefix = s3.S3Location.parse(url)
@@ -128,9 +128,9 @@ class S3Store:
         self.s3.scan_checkpoints(self.storage, self.prefix)  # the bucket exists and the credentials work
 
     def lock(self) -> None:
-        """A lock object beside the checkpoints (``fastgen.utils.run_lock.S3RunLock``): runs on machines that share
+        """A lock object beside the checkpoints (``fastgen.checkpoint.run_lock.S3RunLock``): runs on machines that share
         no disk but write one prefix meet it."""
-        from fastgen.utils.run_lock import S3RunLock
+        from fastgen.checkpoint.run_lock import S3RunLock
 
         self._lock = S3RunLock(self.storage, self.prefix.child(".fastgen.lock"))
         self._lock.acquire()
@@ -144,9 +144,9 @@ class S3Store:
     def list(self) -> list[tuple[int, str]]:
         return [(found.iteration, found.marker.url) for found in self.s3.scan_checkpoints(self.storage, self.prefix).valid]
 
-    def newest_valid(self) -> str | None:
-        """The newest marker: objects appear whole or not at all."""
-        found = self.list()
+    def newest_valid(self, listing: list[tuple[int, str]] | None = None) -> str | None:
+        """The newest marker: objects appear whole or not at all (``listing``: a ``list()`` just made)."""
+        found = self.list() if listing is None else listing
         return found[-1][1] if found else None
 
     def marker(self, iteration: int) -> str:
@@ -191,7 +191,7 @@ class S3Store:
             if not whole:
                 return _load_marker_file(staged, marker)
             if self.is_sharded(marker):
-                from fastgen.utils.checkpoint_manager import read_sharded_as_full
+                from fastgen.checkpoint.checkpointer import read_sharded_as_full
 
                 payload = _load_marker_file(staged, marker)
                 folder = Path(scratch) / "whole.dcp"
@@ -211,7 +211,7 @@ class S3Store:
         removed once all have mapped it (a mapped file outlives its name). A failed download ends every rank."""
         import secrets
 
-        from fastgen.utils import distributed as dist_utils
+        from fastgen.distributed import group as dist_utils
 
         location = self.s3.S3Location.parse(marker)
         token = dist_utils.broadcast_object(secrets.token_hex(8) if dist_utils.is_rank0() else None)
@@ -271,7 +271,7 @@ def checkpoint_store(checkpointer_config: Any, run_dir: Path, run_prefix: str,
     container = checkpointer_config.s3_container
     if not container:
         raise ConfigError("trainer.checkpointer.use_s3=True needs trainer.checkpointer.s3_container=BUCKET/PREFIX")
-    from fastgen.utils.s3 import S3Location
+    from fastgen.checkpoint.s3 import S3Location
 
     if os.path.isabs(save_dir):
         raise ConfigError(f"trainer.checkpointer.save_dir={save_dir} is an absolute path, but use_s3=True keeps "

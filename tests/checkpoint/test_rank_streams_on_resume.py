@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastgen.utils import distributed as dist_utils
-from fastgen.utils.checkpoint_manager import CheckpointManager, TrainingState
+from fastgen.checkpoint.manager import CheckpointManager, TrainingState
+from fastgen.distributed import group as dist_utils
 from fastgen.utils.rng import capture_rng_state, seed_everything
 
 

@@ -1,4 +1,4 @@
-"""S3 storage (fastgen.utils.s3) against a real SeaweedFS server: transfers, listings, the checkpoint scan, errors
+"""S3 storage (fastgen.checkpoint.s3) against a real SeaweedFS server: transfers, listings, the checkpoint scan, errors
 with a named credential source and no secret, a server that dies mid-operation, and DCP on S3 across real gloo
 ranks."""
 
@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 import torch
-
-from fastgen.utils import env as env_module
-from fastgen.utils import s3
-from fastgen.utils.errors import CheckpointError, FastGenRuntimeError, UsageError
 from fastgen_testing import finish_rank, gloo_results, state_tensors
 from s3server import S3Server, running_seaweedfs, weed_binary
+
+from fastgen.checkpoint import s3
+from fastgen.utils import env as env_module
+from fastgen.utils.errors import CheckpointError, FastGenRuntimeError, UsageError
 
 MiB = s3.MiB
 # dcp.save / load without a process group (world size 1) warn that they assume one process: that is the intent here
@@ -195,7 +195,7 @@ def test_secrets_stay_out_of_repr_and_pickled_clients_rebuild() -> None:
 
 
 def test_import_needs_neither_boto3_nor_torch() -> None:
-    code = "import sys, fastgen.utils.s3; print(sorted(m for m in ('boto3', 'botocore', 'torch') if m in sys.modules))"
+    code = "import sys, fastgen.checkpoint.s3; print(sorted(m for m in ('boto3', 'botocore', 'torch') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"
 

@@ -2,7 +2,7 @@
 
 The trainer hands it a ``TrainingState`` (the method, its callbacks and data loaders, the iteration) and calls
 ``save`` / ``load``; the manager builds every payload. Two formats share one folder and one naming rule
-(``fastgen.utils.checkpointer`` finds them):
+(``fastgen.checkpoint.checkpointer`` finds them):
 
 **Monolithic** (one process, DDP): ``{iteration:07d}.pth``, the full state in one ``torch.save``. Rank 0 gathers
 full tensors on the host (``full_state_dict`` / ``full_optimizer_state_dict``: CPU offload, keyed by parameter
@@ -37,8 +37,8 @@ number of samples its epoch has consumed (no sample repeated or skipped), and ea
 derived from ``(trainer.seed, iteration, rank)``. A resume is bit-exact only at the same world size.
 
 **Where.** A folder (local or shared storage) or, with ``use_s3`` / an ``s3://`` ``save_dir``, an S3 prefix: the
-same names and the same marker rule in both (``fastgen.utils.checkpoint_store``; DCP on S3 through
-``fastgen.utils.s3``'s storage writer / reader). ``fastgen convert-ckpt`` turns either format into the other, or into
+same names and the same marker rule in both (``fastgen.checkpoint.stores``; DCP on S3 through
+``fastgen.checkpoint.s3``'s storage writer / reader). ``fastgen convert-ckpt`` turns either format into the other, or into
 one ``.pth`` / ``.safetensors`` file to publish.
 
 DCP folders are read with ``weights_only`` loading of their non-tensor entries and a metadata unpickler that
@@ -54,33 +54,30 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fastgen.utils import distributed as dist_utils
-from fastgen.utils.checkpoint_store import torch_save_to
-from fastgen.utils.checkpointer import FORMAT, CorruptCheckpointError
-from fastgen.utils.errors import CheckpointError, first_line
-from fastgen.utils.logging import get_logger
-from fastgen.utils.parallelize import (
+from fastgen.checkpoint.checkpointer import (
+    FORMAT,
+    VERSION,
+    CorruptCheckpointError,
+    dcp_errors,
+)
+from fastgen.checkpoint.stores import torch_save_to
+from fastgen.distributed import group as dist_utils
+from fastgen.distributed.parallelize import (
     full_optimizer_state_dict,
     full_state_dict,
     has_sharded_parameters,
     load_full_optimizer_state_dict,
     load_full_state_dict,
 )
+from fastgen.utils.errors import CheckpointError, first_line
+from fastgen.utils.logging import get_logger
 from fastgen.utils.rng import capture_rng_state, restore_rng_state, seed_everything
 
 if TYPE_CHECKING:
-    from fastgen.utils.dcp_safe import ReusedHostStager
+    from fastgen.checkpoint.dcp_safe import ReusedHostStager
 
 logger = get_logger(__name__)
 
-def _save_errors() -> tuple[type[BaseException], ...]:
-    """What a save or load may raise: any ``Exception``, and DCP's ``CheckpointException`` (a failure on any rank),
-    which derives from ``BaseException``. Imported when an error is matched (DCP is loaded by then): importing
-    torch.distributed.checkpoint costs half a second at start-up, which one-process runs do not need."""
-    from torch.distributed.checkpoint import CheckpointException
-
-    return (Exception, CheckpointException)
-VERSION = 3  # 3: per-rank callback / loader state; sharded checkpoints (a marker + a DCP folder)
 MONOLITHIC, SHARDED = "monolithic", "sharded"
 
 
@@ -106,7 +103,7 @@ class CheckpointManager:
 
     def __init__(self, checkpointer_config: Any, run_dir: Path, sharded: bool, seed: int = 0, run_prefix: str = "",
                  credentials_dir: str | None = None) -> None:
-        from fastgen.utils.checkpoint_store import LocalStore, checkpoint_store
+        from fastgen.checkpoint.stores import LocalStore, checkpoint_store
 
         self.store = checkpoint_store(checkpointer_config, run_dir, run_prefix, credentials_dir)
         self.location = self.store.location
@@ -126,10 +123,10 @@ class CheckpointManager:
         """Valid checkpoints as ``(iteration, marker)``, oldest first (a listing error raises)."""
         return self.store.list()
 
-    def latest(self) -> str | None:
+    def latest(self, listing: list[tuple[int, str]] | None = None) -> str | None:
         """The newest valid checkpoint (``Checkpointer.newest_valid``: an incomplete newer one is skipped with a
-        warning)."""
-        return self.store.newest_valid()
+        warning); ``listing``: a ``list()`` the caller has just made (one listing request less on S3)."""
+        return self.store.newest_valid(listing)
 
     def prepare(self) -> None:
         """Rank 0, before training: the folder is writable, or the bucket answers with these credentials."""
@@ -181,7 +178,7 @@ class CheckpointManager:
         """``{name: network_fingerprint}`` of the frozen networks the checkpoints leave out (a teacher), computed
         once per run (a collective when they are sharded: every rank calls it)."""
         if self._frozen is None:
-            from fastgen.utils.fingerprint import network_fingerprint
+            from fastgen.distributed.fingerprint import network_fingerprint
 
             self._frozen = {name: network_fingerprint(module)
                             for name, module in getattr(model, "rebuilt_modules", {}).items()}
@@ -280,7 +277,7 @@ class CheckpointManager:
         writer = self.store.dcp_writer(marker)
         if self.async_save:
             if self._stager is None:
-                from fastgen.utils.dcp_safe import ReusedHostStager
+                from fastgen.checkpoint.dcp_safe import ReusedHostStager
 
                 self._stager = ReusedHostStager()
             future = dcp.async_save(tensors, storage_writer=writer, process_group=self._group_for_async(),
@@ -289,8 +286,8 @@ class CheckpointManager:
             return
         try:
             dcp.save(tensors, storage_writer=writer)
-        except _save_errors() as exc:
-            raise CheckpointError(f"saving sharded checkpoint {folder} failed: {_first_line(exc)}") from None
+        except dcp_errors() as exc:
+            raise CheckpointError(f"saving sharded checkpoint {folder} failed: {first_line(exc)}") from None
         self._write_marker(marker, extras)
 
     def _write_marker(self, marker: str, extras: dict[str, Any]) -> None:
@@ -404,11 +401,11 @@ class _PendingSave:
         if self.future is not None:
             try:
                 self.future.result()
-            except _save_errors() as exc:
+            except dcp_errors() as exc:
                 self.error = exc
             if dist_utils.any_rank(self.error is not None):
                 raise CheckpointError(f"saving sharded checkpoint {self.manager.store.folder(self.marker)} failed"
-                                      + (f": {_first_line(self.error)}" if self.error else " on another rank"))
+                                      + (f": {first_line(self.error)}" if self.error else " on another rank"))
             if dist_utils.is_rank0():
                 self.marker_written.wait()
             if dist_utils.any_rank(dist_utils.is_rank0() and not self.marker_ok):
@@ -418,15 +415,10 @@ class _PendingSave:
             self.thread.join()
         if dist_utils.any_rank(self.error is not None):
             raise CheckpointError(f"saving checkpoint {self.marker} failed"
-                                  + (f": {_first_line(self.error)}" if self.error else " on rank 0"))
+                                  + (f": {first_line(self.error)}" if self.error else " on rank 0"))
 
 
 # ---- formats -------------------------------------------------------------------------------------------------------
-def dcp_folder(marker: Path) -> Path:
-    """The DCP folder of a (local) sharded checkpoint's marker."""
-    return Path(marker).with_suffix(".dcp")
-
-
 def sharded_state(model: Any) -> dict[str, Any]:
     """Every saved network's and optimizer's state as DCP saves it: local shards (DTensors) keyed by parameter
     name (frozen networks are rebuilt from their source, not saved)."""
@@ -435,7 +427,7 @@ def sharded_state(model: Any) -> dict[str, Any]:
         get_optimizer_state_dict,
     )
 
-    from fastgen.utils.parallelize import _saved_part
+    from fastgen.distributed.parallelize import _saved_part
 
     trained = model.trainable_modules
     return {
@@ -456,14 +448,14 @@ def load_sharded(reader: Any, model: Any, folder: str) -> None:
         set_optimizer_state_dict,
     )
 
-    from fastgen.utils.dcp_safe import SafeLoadPlanner, checked_metadata
+    from fastgen.checkpoint.dcp_safe import SafeLoadPlanner, checked_metadata
 
     state = sharded_state(model)
     checked_metadata(reader)
     try:
         dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
-    except _save_errors() as exc:
-        raise CheckpointError(f"sharded checkpoint {folder} does not load into this model: {_first_line(exc)}") from None
+    except dcp_errors() as exc:
+        raise CheckpointError(f"sharded checkpoint {folder} does not load into this model: {first_line(exc)}") from None
     trained = model.trainable_modules
     from fastgen.utils.lora_utils import is_adapted
 
@@ -537,7 +529,7 @@ def load_pretrained(model: Any, path: str | None, credentials_dir: str | None, f
     ``frozen_only``: only into the frozen networks (a resume rebuilding a teacher that came from this file)."""
     if not path:
         return
-    from fastgen.utils.checkpoint_store import read_whole_checkpoint
+    from fastgen.checkpoint.stores import read_whole_checkpoint
 
     payload = read_whole_checkpoint(path, credentials_dir)
     if frozen_only:
@@ -561,25 +553,6 @@ def rank_entry(payload: dict[str, Any], key: str) -> Any:
     return every.get(dist_utils.get_rank(), every[min(every)])
 
 
-def read_sharded_as_full(folder: Path) -> dict[str, Any]:
-    """The tensors of a DCP folder assembled in this process (no process group): ``{"model": {net: state},
-    "optimizers": {...}}`` with full tensors. For tools that need whole networks (sampling, conversion,
-    ``pretrained_ckpt_path``); a training resume reads only its own shards (``load_sharded``)."""
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    from fastgen.utils.dcp_safe import SafeFileSystemReader, SafeWholeLoadPlanner, checked_metadata
-
-    state: dict[str, Any] = {}
-    reader = SafeFileSystemReader(str(folder))
-    try:
-        checked_metadata(reader)
-    except FileNotFoundError:
-        raise CheckpointError(f"sharded checkpoint {folder} has no .metadata (an incomplete or missing folder)") from None
-    try:
-        _load_state_dict(state, storage_reader=reader, planner=SafeWholeLoadPlanner(), no_dist=True)
-    except _save_errors() as exc:
-        raise CheckpointError(f"sharded checkpoint {folder} cannot be read: {_first_line(exc)}") from None
-    return state
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------------
@@ -603,20 +576,3 @@ def _host_copy(tree: Any) -> Any:
     if isinstance(tree, tuple):
         return tuple(_host_copy(value) for value in tree)
     return tree
-
-
-def _first_line(exc: BaseException | None) -> str:
-    """One line for an error; for DCP's ``CheckpointException`` (which wraps each failed rank's traceback) the
-    first failed rank's own error."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        rank = min(failures)
-        inner = failures[rank]
-        if isinstance(inner, tuple):  # DCP keeps (exception, traceback summary)
-            inner = inner[0]
-        text = str(inner).strip()
-        last = text.splitlines()[-1] if text else type(inner).__name__
-        return f"rank {rank}: {last[:300]}"
-    return first_line(exc)[:300] if exc is not None else "NoneType"
-
-

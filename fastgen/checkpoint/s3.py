@@ -33,7 +33,7 @@ invisible parts behind that AWS still bills; a bucket lifecycle rule ``AbortInco
 A listing never reports "nothing there" because it failed: any error raises, so a resume can never silently
 start at iteration 0 because the bucket could not be read.
 
-**Checkpoint layout** (the same names as local checkpoints, see ``fastgen.utils.checkpointer``): under a prefix,
+**Checkpoint layout** (the same names as local checkpoints, see ``fastgen.checkpoint.checkpointer``): under a prefix,
 ``{iteration:07d}.pth`` is either the whole (monolithic) checkpoint or, next to a DCP folder ``{iteration:07d}.dcp/``,
 the marker written after every rank finished. A checkpoint is valid when its ``.pth`` object exists; a folder
 without its marker is an incomplete save. ``scan_checkpoints`` / ``newest_valid_checkpoint`` list one level under
@@ -644,7 +644,7 @@ def _dcp_storage_classes() -> dict[str, type]:
                     self.storage.upload_file(file, self.location.child(file.name))
                     file.unlink()
 
-    from fastgen.utils.dcp_safe import SafeDcpReading
+    from fastgen.checkpoint.dcp_safe import SafeDcpReading
 
     class S3StorageReader(SafeDcpReading, _S3Staged, FileSystemReader):
         """``torch.distributed.checkpoint`` reader of ``s3://bucket/prefix/`` that downloads only the files its load

@@ -1,4 +1,4 @@
-"""A run directory holds one run: its lock (``fastgen.utils.run_lock``, local and S3), checkpoint retention that
+"""A run directory holds one run: its lock (``fastgen.checkpoint.run_lock``, local and S3), checkpoint retention that
 never deletes what was just written, and a fresh start that never lands on another run's checkpoints."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import pytest
 from fastgen_testing import run_cli
 from s3server import S3Server
 
-from fastgen.utils import run_lock
-from fastgen.utils.checkpointer import Checkpointer, iterations_to_prune
-from fastgen.utils.run_lock import RunDirectoryBusy, RunLock, S3RunLock
+from fastgen.checkpoint import run_lock
+from fastgen.checkpoint.checkpointer import Checkpointer, iterations_to_prune
+from fastgen.checkpoint.run_lock import RunDirectoryBusy, RunLock, S3RunLock
 
 HOLD = """
 import sys, time
-from fastgen.utils.run_lock import RunLock
+from fastgen.checkpoint.run_lock import RunLock
 RunLock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(120)
@@ -68,7 +68,7 @@ def test_two_locks_in_one_process_exclude_each_other(tmp_path: Path) -> None:
 
 # ---- S3 -------------------------------------------------------------------------------------------------------------
 def s3_lock(server: S3Server, tmp_path: Path, key: str) -> S3RunLock:
-    from fastgen.utils.s3 import S3Location, S3Storage
+    from fastgen.checkpoint.s3 import S3Location, S3Storage
 
     storage = S3Storage.from_config(str(server.write_credentials(tmp_path / "credentials")))
     return S3RunLock(storage, S3Location(server.bucket, key))
@@ -149,8 +149,8 @@ def test_one_run_per_directory_from_the_command_line(tmp_path: Path, output_root
 
 def test_an_s3_retention_error_after_a_good_upload_warns_and_training_goes_on(
         s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fastgen_records) -> None:  # noqa: ANN001
-    from fastgen.utils import s3
-    from fastgen.utils.checkpoint_store import S3Store, torch_save_to
+    from fastgen.checkpoint import s3
+    from fastgen.checkpoint.stores import S3Store, torch_save_to
 
     credentials = s3_server.write_credentials(tmp_path / "credentials")
     store = S3Store(f"s3://{s3_server.bucket}/retention/checkpoints", 1, str(credentials))

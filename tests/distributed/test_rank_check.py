@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from fastgen.cli.launching import worker_argv
-from fastgen.utils.errors import UsageError
-from fastgen.utils.fingerprint import Disagreement, disagreements, gather_fingerprints
-from fastgen.utils.rank_check import (
+from fastgen_testing import finish_rank, gloo_results, tiny_toy_config
+
+from fastgen.distributed.fingerprint import Disagreement, disagreements, gather_fingerprints
+from fastgen.distributed.rank_check import (
     Finding,
     _Tier3,
     checkpoint_tensors,
@@ -25,7 +25,7 @@ from fastgen.utils.rank_check import (
     environment_info,
     read_checkpoint,
 )
-from fastgen_testing import finish_rank, gloo_results, tiny_toy_config
+from fastgen.utils.errors import UsageError
 
 
 # ---- the comparison ------------------------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ def test_checkpoint_tensors_are_every_tensor_by_path() -> None:
 
 
 def test_read_checkpoint_reads_a_fifo_and_names_a_missing_file(tmp_path: Path) -> None:
-    from fastgen.utils.checkpointer import FORMAT
+    from fastgen.checkpoint.checkpointer import FORMAT
 
     payload = {"format": FORMAT, "version": 2, "iteration": 1, "model": {"net": {"w": torch.arange(6.0)}}}
     source = tmp_path / "source.pth"

@@ -35,11 +35,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastgen.utils.dtypes import FLOAT_DTYPES
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def distributed_mode(trainer_config: Any) -> str | None:
@@ -198,8 +198,8 @@ def fsdp_kwargs(trainer_config: Any, mesh: Any) -> dict[str, Any]:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": bool(trainer_config.fsdp_reshard_after_forward)}
-    param_dtype = _DTYPES.get(trainer_config.fsdp_param_dtype) if trainer_config.fsdp_param_dtype else None
-    reduce_dtype = _DTYPES.get(trainer_config.fsdp_reduce_dtype) if trainer_config.fsdp_reduce_dtype else None
+    param_dtype = FLOAT_DTYPES.get(trainer_config.fsdp_param_dtype) if trainer_config.fsdp_param_dtype else None
+    reduce_dtype = FLOAT_DTYPES.get(trainer_config.fsdp_reduce_dtype) if trainer_config.fsdp_reduce_dtype else None
     if param_dtype is not None or reduce_dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     if trainer_config.fsdp_cpu_offload:
@@ -251,7 +251,7 @@ def broadcast_full_weights(model: nn.Module, source: nn.Module | None) -> None:
     one ``broadcast`` each. Single process: a plain copy."""
     import torch.distributed as dist
 
-    from fastgen.utils import distributed as dist_utils
+    from fastgen.distributed import group as dist_utils
 
     rank0 = dist_utils.get_rank() == 0
     if rank0 and source is None:
