@@ -1,0 +1,232 @@
+"""Codecs: a latent model family's frozen VAE and text encoder(s), used exactly as its diffusers pipeline uses them.
+
+A latent diffusion model is trained on ``z = normalise(E(x))`` and conditioned on text embeddings; sampling ends
+with ``x = D(denormalise(z))``. Each family normalises latents its own way and encodes prompts its own way, and a
+distilled student is only usable in the family's pipeline if fastgen does both exactly as that pipeline does:
+
+* **SD 1.5** (``StableDiffusionPipeline``): ``z = s E(x)`` with the VAE's ``scaling_factor`` ``s`` (Rombach et al.
+  2022, Sec. 4.3.2: unit-variance latents); prompts -> CLIP's last hidden state, padded to the tokenizer's
+  ``model_max_length`` (77).
+* **Flux** (``FluxPipeline``): ``z = s (E(x) - m)`` with the VAE's ``shift_factor`` ``m``; prompts -> T5's last
+  hidden state (padded to ``max_sequence_length``, 512) plus CLIP's pooled output; the network's ``condition``
+  packs both (``pack_flux_condition``).
+* **Wan** (``WanPipeline``, video): per-channel ``z = (E(x) - mu_c) / sigma_c`` from the VAE's ``latents_mean`` /
+  ``latents_std``; prompts cleaned as the pipeline cleans them -> umT5's last hidden state under the attention
+  mask, cut at each prompt's length and zero-padded to ``max_sequence_length`` (226). ``(B, C, F, H, W)``
+  videos; an image is one frame.
+
+``E(x)`` is the mode (mean) of the VAE's posterior unless a generator is given (then a sample, as diffusers'
+training scripts draw): deterministic latents make a data set reproducible. Pixels are ``[-1, 1]``.
+
+``load_codec(folder)`` reads a diffusers pipeline folder (``model_index.json`` says which classes; weights from
+safetensors only, nothing is unpickled) and returns the family's codec, frozen, in the requested dtype. The networks
+themselves come from the same folder (``fastgen.networks.diffusers_nets``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from fastgen.networks.diffusers_nets import import_diffusers, pack_flux_condition
+from fastgen.utils.errors import UsageError
+
+TRANSFORMERS_HINT = "pip install 'fastgen[diffusers]'"
+
+
+def _import_transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError(f"text encoders need the transformers package: {TRANSFORMERS_HINT}") from None
+    return transformers
+
+
+def _component(folder: Path, name: str, dtype: torch.dtype | None) -> Any:
+    """Pipeline component ``name`` of ``folder`` as its ``model_index.json`` names it (library, class)."""
+    index = json.loads((folder / "model_index.json").read_text())
+    if name not in index or not isinstance(index[name], list) or index[name][0] is None:
+        raise UsageError(f"{folder}: the pipeline has no {name!r} component (model_index.json)")
+    library, class_name = index[name]
+    module = import_diffusers() if library == "diffusers" else _import_transformers()
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise UsageError(f"{folder}/{name}: {library} has no class {class_name}")
+    if "Tokenizer" in class_name:
+        return cls.from_pretrained(folder, subfolder=name)
+    model = cls.from_pretrained(folder, subfolder=name, use_safetensors=True)
+    return model.to(dtype).requires_grad_(False).eval()
+
+
+class Codec(nn.Module):
+    """A family's VAE and text encoders (frozen modules of this ``nn.Module``, so ``.to()`` and FSDP see them)."""
+
+    family: ClassVar[str] = ""
+    components: ClassVar[tuple[str, ...]] = ()  # pipeline components besides the VAE, in encoding order
+
+    def __init__(self, vae: nn.Module, **parts: Any) -> None:
+        super().__init__()
+        self.vae = vae
+        self.tokenizers: dict[str, Any] = {k: v for k, v in parts.items() if k.startswith("tokenizer")}
+        self.encoders = nn.ModuleDict({k: v for k, v in parts.items() if not k.startswith("tokenizer")})
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.vae.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.vae.parameters()).dtype
+
+    # ---- latents -------------------------------------------------------------------------------------------
+    def normalise(self, raw: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def denormalise(self, latents: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Normalised latents of ``pixels`` in ``[-1, 1]``: the posterior's mode, or a sample with ``generator``."""
+        posterior = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist
+        raw = posterior.mode() if generator is None else posterior.sample(generator=generator)
+        return self.normalise(raw)
+
+    @torch.no_grad()
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """Pixels in ``[-1, 1]`` (not clamped) of normalised ``latents``."""
+        return self.vae.decode(self.denormalise(latents.to(self.device, self.dtype)), return_dict=False)[0]
+
+    # ---- text ----------------------------------------------------------------------------------------------
+    def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """The family's text inputs: ``text`` ``(B, T, D)`` and, per family, ``pooled`` / ``text_mask``."""
+        raise NotImplementedError
+
+    def condition(self, encoded: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``encode_prompts``' output as the network's ``condition`` (``fastgen.networks.diffusers_nets``)."""
+        return encoded["text"]
+
+    def _tokens(self, name: str, prompts: list[str], max_length: int, **kwargs: Any) -> Any:
+        return self.tokenizers[name](prompts, padding="max_length", max_length=max_length, truncation=True,
+                                     return_tensors="pt", **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, dtype: torch.dtype = torch.float32, **kwargs: Any) -> Codec:
+        folder = Path(folder).expanduser()
+        parts = {name: _component(folder, name, dtype) for name in cls.components}
+        return cls(_component(folder, "vae", dtype), **parts, **kwargs)
+
+
+class SDCodec(Codec):
+    family = "sd"
+    components = ("tokenizer", "text_encoder")
+
+    def normalise(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw * self.vae.config.scaling_factor
+
+    def denormalise(self, latents: torch.Tensor) -> torch.Tensor:
+        return latents / self.vae.config.scaling_factor
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        ids = self._tokens("tokenizer", prompts, self.tokenizers["tokenizer"].model_max_length).input_ids
+        encoder = self.encoders["text_encoder"]
+        return {"text": encoder(ids.to(self.device), attention_mask=None)[0]}
+
+
+class FluxCodec(Codec):
+    family = "flux"
+    components = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2")
+
+    def __init__(self, vae: nn.Module, max_sequence_length: int = 512, **parts: Any) -> None:
+        super().__init__(vae, **parts)
+        self.max_sequence_length = int(max_sequence_length)
+
+    def normalise(self, raw: torch.Tensor) -> torch.Tensor:
+        return (raw - self.vae.config.shift_factor) * self.vae.config.scaling_factor
+
+    def denormalise(self, latents: torch.Tensor) -> torch.Tensor:
+        return latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        clip_ids = self._tokens("tokenizer", prompts, self.tokenizers["tokenizer"].model_max_length).input_ids
+        pooled = self.encoders["text_encoder"](clip_ids.to(self.device), output_hidden_states=False).pooler_output
+        t5_ids = self._tokens("tokenizer_2", prompts, self.max_sequence_length).input_ids
+        text = self.encoders["text_encoder_2"](t5_ids.to(self.device), output_hidden_states=False)[0]
+        return {"text": text, "pooled": pooled}
+
+    def condition(self, encoded: dict[str, torch.Tensor]) -> torch.Tensor:
+        return pack_flux_condition(encoded["text"], encoded["pooled"])
+
+
+class WanCodec(Codec):
+    family = "wan"
+    components = ("tokenizer", "text_encoder")
+
+    def __init__(self, vae: nn.Module, max_sequence_length: int = 226, **parts: Any) -> None:
+        super().__init__(vae, **parts)
+        self.max_sequence_length = int(max_sequence_length)
+
+    def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (1, self.vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(self.vae.config.latents_mean, dtype=like.dtype, device=like.device).view(shape)
+        std = torch.tensor(self.vae.config.latents_std, dtype=like.dtype, device=like.device).view(shape)
+        return mean, std
+
+    @staticmethod
+    def _as_video(x: torch.Tensor) -> torch.Tensor:
+        return x if x.dim() == 5 else x.unsqueeze(2)
+
+    def normalise(self, raw: torch.Tensor) -> torch.Tensor:
+        mean, std = self._stats(raw)
+        return (raw - mean) / std
+
+    def denormalise(self, latents: torch.Tensor) -> torch.Tensor:
+        mean, std = self._stats(latents)
+        return latents * std + mean
+
+    def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return super().encode_images(self._as_video(pixels), generator)
+
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        return super().decode_latents(self._as_video(latents))
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        from diffusers.pipelines.wan.pipeline_wan import prompt_clean  # the pipeline's own cleaning (ftfy if present)
+
+        tokens = self._tokens("tokenizer", [prompt_clean(p) for p in prompts], self.max_sequence_length,
+                              add_special_tokens=True, return_attention_mask=True)
+        mask = tokens.attention_mask.to(self.device)
+        hidden = self.encoders["text_encoder"](tokens.input_ids.to(self.device), mask).last_hidden_state
+        keep = mask.gt(0).unsqueeze(-1)  # each prompt's own tokens; the rest zero, as the pipeline pads
+        return {"text": hidden * keep.to(hidden.dtype), "text_mask": mask}
+
+
+CODECS: dict[str, type[Codec]] = {cls.family: cls for cls in (SDCodec, FluxCodec, WanCodec)}
+_BY_PIPELINE = {"StableDiffusionPipeline": "sd", "FluxPipeline": "flux", "WanPipeline": "wan"}
+
+
+def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype = torch.float32,
+               **kwargs: Any) -> Codec:
+    """The codec of the diffusers pipeline folder ``folder`` (``family``: from its ``model_index.json``'s
+    ``_class_name`` when not given)."""
+    folder = Path(folder).expanduser()
+    index_file = folder / "model_index.json"
+    if not index_file.is_file():
+        raise UsageError(f"{folder} is not a diffusers pipeline folder (no model_index.json)")
+    if family is None:
+        pipeline = json.loads(index_file.read_text()).get("_class_name", "")
+        family = _BY_PIPELINE.get(pipeline)
+        if family is None:
+            raise UsageError(f"{folder}: no codec for the pipeline {pipeline!r} (known: {', '.join(_BY_PIPELINE)})")
+    if family not in CODECS:
+        raise UsageError(f"unknown codec family {family!r} (known: {', '.join(CODECS)})")
+    return CODECS[family].from_pretrained(folder, dtype=dtype, **kwargs)
+
+
+__all__ = ["CODECS", "Codec", "FluxCodec", "SDCodec", "WanCodec", "load_codec"]

@@ -1,0 +1,185 @@
+"""Codecs against diffusers itself (issue 34, point 1): for SD 1.5, Flux and Wan, a tiny random pipeline of the real
+diffusers / transformers classes (tokenizers built here from vocabularies, no downloads) is saved as a folder;
+``load_codec`` reads it back, and its prompt embeddings equal the pipeline's ``encode_prompt``, its latents the
+pipeline's normalisation of ``vae.encode``, and its decoding of the pipeline's own final latents the image (or video)
+the pipeline returns for the same call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from diffusers import (
+    AutoencoderKL,
+    AutoencoderKLWan,
+    DDIMScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    FluxPipeline,
+    FluxTransformer2DModel,
+    StableDiffusionPipeline,
+    UNet2DConditionModel,
+    WanPipeline,
+    WanTransformer3DModel,
+)
+from transformers import (
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTokenizer,
+    T5Config,
+    T5EncoderModel,
+    T5TokenizerFast,
+    UMT5Config,
+    UMT5EncoderModel,
+)
+
+from fastgen.configs.net_diffusers import TINY_FLUX, TINY_WAN
+from fastgen.networks.codecs import FluxCodec, SDCodec, WanCodec, load_codec
+
+PROMPTS = ["a red cat", "two dogs on a hill at night"]
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def clip_tokenizer(max_length: int = 12) -> CLIPTokenizer:
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in LETTERS:
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
+
+
+def clip_encoder(hidden: int) -> CLIPTextModel:
+    return CLIPTextModel(CLIPTextConfig(vocab_size=54, hidden_size=hidden, intermediate_size=2 * hidden,
+                                        num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=12,
+                                        bos_token_id=0, eos_token_id=1, pad_token_id=1)).eval()
+
+
+def t5_tokenizer() -> T5TokenizerFast:
+    return T5TokenizerFast(vocab=[("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -1.0)]
+                           + [(c, -2.0) for c in LETTERS], extra_ids=0)
+
+
+def tiny_vae(latent_channels: int, **config: Any) -> AutoencoderKL:
+    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                         up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
+                         latent_channels=latent_channels, norm_num_groups=8, sample_size=16, **config).eval()
+
+
+def pixels(*shape: int) -> torch.Tensor:
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(5)) * 2 - 1
+
+
+def saved(pipe: Any, folder: Path, reload: bool = True) -> tuple[Any, Path]:
+    """The pipeline as a user has it: saved to a folder and loaded back by diffusers (the codec reads the same).
+    ``reload=False`` keeps the one in memory (diffusers needs ``accelerate`` to load umT5, kept in float32 parts)."""
+    pipe.save_pretrained(folder)
+    return (type(pipe).from_pretrained(folder) if reload else pipe), folder
+
+
+def test_sd15(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    pipe = StableDiffusionPipeline(
+        vae=tiny_vae(4), text_encoder=clip_encoder(16), tokenizer=clip_tokenizer(),
+        unet=UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+                                  block_out_channels=(16, 32), attention_head_dim=4, cross_attention_dim=16,
+                                  norm_num_groups=8, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                  up_block_types=("UpBlock2D", "CrossAttnUpBlock2D")),
+        scheduler=DDIMScheduler(), safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    pipe, folder = saved(pipe, tmp_path / "sd")
+    codec = load_codec(folder)
+    assert isinstance(codec, SDCodec) and not any(p.requires_grad for p in codec.parameters())
+
+    with torch.no_grad():  # as the pipeline's __call__ runs it
+        expected = pipe.encode_prompt(PROMPTS, "cpu", 1, False)[0]
+    assert torch.equal(codec.encode_prompts(PROMPTS)["text"], expected)
+
+    x = pixels(2, 3, 16, 16)
+    with torch.no_grad():
+        raw = pipe.vae.encode(x).latent_dist.mode()
+    assert torch.equal(codec.encode_images(x), raw * pipe.vae.config.scaling_factor)  # the img2img pipeline's z
+
+    call = {"prompt": PROMPTS[:1], "num_inference_steps": 2, "height": 16, "width": 16, "guidance_scale": 1.0}
+    latents = pipe(**call, output_type="latent", generator=torch.Generator().manual_seed(3)).images
+    image = pipe(**call, output_type="pt", generator=torch.Generator().manual_seed(3)).images
+    ours = (codec.decode_latents(latents) / 2 + 0.5).clamp(0, 1)
+    torch.testing.assert_close(ours, image, atol=1e-6, rtol=0)
+
+
+def test_flux(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    t5 = T5EncoderModel(T5Config(vocab_size=30, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+                                 decoder_start_token_id=0)).eval()
+    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(),
+                        vae=tiny_vae(1, shift_factor=0.1159, scaling_factor=0.3611),
+                        text_encoder=clip_encoder(TINY_FLUX["pooled_projection_dim"]), tokenizer=clip_tokenizer(),
+                        text_encoder_2=t5, tokenizer_2=t5_tokenizer(),
+                        transformer=FluxTransformer2DModel(**TINY_FLUX))
+    pipe, folder = saved(pipe, tmp_path / "flux")
+    codec = load_codec(folder, max_sequence_length=10)
+    assert isinstance(codec, FluxCodec)
+
+    with torch.no_grad():
+        text, pooled, _ = pipe.encode_prompt(PROMPTS, prompt_2=None, max_sequence_length=10)
+    encoded = codec.encode_prompts(PROMPTS)
+    assert torch.equal(encoded["text"], text) and torch.equal(encoded["pooled"], pooled)
+    condition = codec.condition(encoded)
+    assert condition.shape == (2, 11, 16) and torch.equal(condition[:, 1:], text)
+
+    x = pixels(2, 3, 16, 16)
+    with torch.no_grad():
+        raw = pipe.vae.encode(x).latent_dist.mode()
+    expected = (raw - pipe.vae.config.shift_factor) * pipe.vae.config.scaling_factor
+    assert torch.equal(codec.encode_images(x), expected)
+
+    call = {"prompt": PROMPTS[:1], "num_inference_steps": 2, "height": 32, "width": 32, "max_sequence_length": 10}
+    packed = pipe(**call, output_type="latent", generator=torch.Generator().manual_seed(3)).images
+    image = pipe(**call, output_type="pt", generator=torch.Generator().manual_seed(3)).images
+    latents = pipe._unpack_latents(packed, 32, 32, pipe.vae_scale_factor)
+    ours = (codec.decode_latents(latents) / 2 + 0.5).clamp(0, 1)
+    torch.testing.assert_close(ours, image, atol=1e-6, rtol=0)
+
+
+def test_wan(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    z = 4
+    vae = AutoencoderKLWan(base_dim=8, z_dim=z, dim_mult=[1, 1], num_res_blocks=1, temperal_downsample=[True],
+                           latents_mean=[0.1, -0.2, 0.3, 0.0], latents_std=[1.5, 0.5, 2.0, 1.0]).eval()
+    umt5 = UMT5EncoderModel(UMT5Config(vocab_size=30, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)).eval()
+    pipe = WanPipeline(tokenizer=t5_tokenizer(), text_encoder=umt5, vae=vae,
+                       transformer=WanTransformer3DModel(**{**TINY_WAN, "in_channels": z, "out_channels": z}),
+                       scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+    pipe, folder = saved(pipe, tmp_path / "wan", reload=False)
+    codec = load_codec(folder, max_sequence_length=12)
+    assert isinstance(codec, WanCodec)
+
+    with torch.no_grad():
+        expected = pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=False, max_sequence_length=12)[0]
+    encoded = codec.encode_prompts(PROMPTS)
+    assert torch.equal(encoded["text"], expected)
+    assert encoded["text_mask"].sum(1).tolist() == (encoded["text"].abs().sum(-1) > 0).sum(1).tolist()
+
+    video = pixels(1, 3, 5, 16, 16)
+    with torch.no_grad():
+        raw = pipe.vae.encode(video).latent_dist.mode()
+    mean = torch.tensor(pipe.vae.config.latents_mean).view(1, z, 1, 1, 1)
+    std = torch.tensor(pipe.vae.config.latents_std).view(1, z, 1, 1, 1)
+    torch.testing.assert_close(codec.encode_images(video), (raw - mean) / std, atol=1e-6, rtol=1e-6)
+    assert codec.encode_images(pixels(2, 3, 16, 16)).shape == (2, z, 1, 8, 8)  # an image is one frame
+
+    call = {"prompt": PROMPTS[:1], "num_inference_steps": 2, "height": 16, "width": 16, "num_frames": 5,
+            "guidance_scale": 1.0, "max_sequence_length": 12}
+    latents = pipe(**call, output_type="latent", generator=torch.Generator().manual_seed(3)).frames
+    frames = pipe(**call, output_type="pt", generator=torch.Generator().manual_seed(3)).frames  # (B, F, C, H, W)
+    ours = (codec.decode_latents(latents) / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4)
+    torch.testing.assert_close(ours, frames, atol=1e-5, rtol=0)
+
+
+def test_a_folder_that_is_not_a_pipeline_is_one_line(tmp_path: Path) -> None:
+    from fastgen.utils.errors import UsageError
+
+    with pytest.raises(UsageError, match="not a diffusers pipeline folder"):
+        load_codec(tmp_path)
+    (tmp_path / "model_index.json").write_text('{"_class_name": "KandinskyPipeline"}')
+    with pytest.raises(UsageError, match="no codec for the pipeline 'KandinskyPipeline'"):
+        load_codec(tmp_path)
