@@ -31,18 +31,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from fastgen.networks.diffusers_nets import import_diffusers, pack_flux_condition
+from fastgen.networks.diffusers_nets import import_diffusers, import_extra, pack_flux_condition
 from fastgen.utils.errors import UsageError
-
-TRANSFORMERS_HINT = "pip install 'fastgen[diffusers]'"
-
-
-def _import_transformers() -> Any:
-    try:
-        import transformers
-    except ImportError:
-        raise UsageError(f"text encoders need the transformers package: {TRANSFORMERS_HINT}") from None
-    return transformers
 
 
 def _component(folder: Path, name: str, dtype: torch.dtype | None) -> Any:
@@ -51,7 +41,7 @@ def _component(folder: Path, name: str, dtype: torch.dtype | None) -> Any:
     if name not in index or not isinstance(index[name], list) or index[name][0] is None:
         raise UsageError(f"{folder}: the pipeline has no {name!r} component (model_index.json)")
     library, class_name = index[name]
-    module = import_diffusers() if library == "diffusers" else _import_transformers()
+    module = import_diffusers() if library == "diffusers" else import_extra("transformers", "text encoders")
     cls = getattr(module, class_name, None)
     if cls is None:
         raise UsageError(f"{folder}/{name}: {library} has no class {class_name}")

@@ -45,13 +45,19 @@ from fastgen.utils.safe_pickle import torch_load
 INSTALL_HINT = "pip install 'fastgen[diffusers]'"
 
 
+def import_extra(package: str, needed_by: str) -> Any:
+    """``package`` of the ``diffusers`` extra, or a one-line UsageError that says how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(package)
+    except ImportError:
+        raise UsageError(f"{needed_by} need the {package} package: {INSTALL_HINT}") from None
+
+
 def import_diffusers() -> Any:
     """``diffusers``, or a one-line UsageError that says how to install it."""
-    try:
-        import diffusers
-    except ImportError:
-        raise UsageError(f"diffusers-backed networks need the diffusers package: {INSTALL_HINT}") from None
-    return diffusers
+    return import_extra("diffusers", "diffusers-backed networks")
 
 
 def pack_flux_condition(tokens: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
