@@ -15,11 +15,11 @@ LAUNCHER_FLAGS = ("--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-ra
                   "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--max-restarts", "--max_restarts")
 
 
-def nproc_per_node_option(what: str) -> Any:
+def nproc_per_node_option(what: str, needs: str = "; the config must set trainer.ddp or trainer.fsdp") -> Any:
     return typer.Option(
         None, "--nproc-per-node", "--nproc_per_node", show_default=False, rich_help_panel=PANEL,
         help=f"Launch this many worker processes on this node through torchrun's agent (torch.distributed.run) "
-        f"to {what}; the config must set trainer.ddp or trainer.fsdp.")
+        f"to {what}{needs}.")
 
 
 def nnodes_option() -> Any:

@@ -21,6 +21,7 @@ from fastgen.cli import convert_ckpt as convert_ckpt_cmd  # noqa: E402
 from fastgen.cli import download_data as download_data_cmd  # noqa: E402
 from fastgen.cli import dryrun as dryrun_cmd  # noqa: E402
 from fastgen.cli import ema as ema_cmd  # noqa: E402
+from fastgen.cli import encode_data as encode_data_cmd  # noqa: E402
 from fastgen.cli import env as env_cmd  # noqa: E402
 from fastgen.cli import eval as eval_cmd  # noqa: E402
 from fastgen.cli import init as init_cmd  # noqa: E402
@@ -65,6 +66,7 @@ check_ranks_cmd.register(app)
 convert_ckpt_cmd.register(app)
 ema_cmd.register(app)
 download_data_cmd.register(app)
+encode_data_cmd.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

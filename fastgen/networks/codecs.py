@@ -24,7 +24,10 @@ themselves come from the same folder (``fastgen.networks.diffusers_nets``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,8 +50,35 @@ def _component(folder: Path, name: str, dtype: torch.dtype | None) -> Any:
         raise UsageError(f"{folder}/{name}: {library} has no class {class_name}")
     if "Tokenizer" in class_name:
         return cls.from_pretrained(folder, subfolder=name)
-    model = cls.from_pretrained(folder, subfolder=name, use_safetensors=True)
-    return model.to(dtype).requires_grad_(False).eval()
+    # dtype at load, not .to() after: a model may keep some modules in float32 (T5's feed-forward outputs)
+    dtype_kwarg = {"torch_dtype": dtype} if library == "diffusers" else {"dtype": dtype}
+    model = cls.from_pretrained(folder, subfolder=name, use_safetensors=True, **dtype_kwarg)
+    return model.requires_grad_(False).eval()
+
+
+@contextlib.contextmanager
+def _quiet_libraries() -> Iterator[None]:
+    """diffusers' and transformers' own chatter while loading (progress bars, 'install accelerate') stays out of
+    fastgen's output; their levels are restored after."""
+    import logging
+
+    names = ("diffusers", "transformers")
+    previous = {name: logging.getLogger(name).level for name in names}
+    bars = []
+    for name in names:
+        logging.getLogger(name).setLevel(logging.ERROR)
+        utils = sys.modules.get(f"{name}.utils.logging")
+        if utils is not None and hasattr(utils, "disable_progress_bar"):
+            bars.append((utils, utils.is_progress_bar_enabled()))
+            utils.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for name, level in previous.items():
+            logging.getLogger(name).setLevel(level)
+        for utils, enabled in bars:
+            if enabled:
+                utils.enable_progress_bar()
 
 
 class Codec(nn.Module):
@@ -216,7 +246,10 @@ def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype
             raise UsageError(f"{folder}: no codec for the pipeline {pipeline!r} (known: {', '.join(_BY_PIPELINE)})")
     if family not in CODECS:
         raise UsageError(f"unknown codec family {family!r} (known: {', '.join(CODECS)})")
-    return CODECS[family].from_pretrained(folder, dtype=dtype, **kwargs)
+    import_diffusers()
+    import_extra("transformers", "text encoders")
+    with _quiet_libraries():
+        return CODECS[family].from_pretrained(folder, dtype=dtype, **kwargs)
 
 
 __all__ = ["CODECS", "Codec", "FluxCodec", "SDCodec", "WanCodec", "load_codec"]

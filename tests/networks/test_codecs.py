@@ -12,24 +12,17 @@ from typing import Any
 import pytest
 import torch
 from diffusers import (
-    AutoencoderKL,
     AutoencoderKLWan,
-    DDIMScheduler,
     FlowMatchEulerDiscreteScheduler,
     FluxPipeline,
     FluxTransformer2DModel,
-    StableDiffusionPipeline,
-    UNet2DConditionModel,
     WanPipeline,
     WanTransformer3DModel,
 )
+from tiny_pipelines import clip_encoder, clip_tokenizer, t5_tokenizer, tiny_sd_pipeline, tiny_vae
 from transformers import (
-    CLIPTextConfig,
-    CLIPTextModel,
-    CLIPTokenizer,
     T5Config,
     T5EncoderModel,
-    T5TokenizerFast,
     UMT5Config,
     UMT5EncoderModel,
 )
@@ -38,32 +31,6 @@ from fastgen.configs.net_diffusers import TINY_FLUX, TINY_WAN
 from fastgen.networks.codecs import FluxCodec, SDCodec, WanCodec, load_codec
 
 PROMPTS = ["a red cat", "two dogs on a hill at night"]
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
-def clip_tokenizer(max_length: int = 12) -> CLIPTokenizer:
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for c in LETTERS:
-        vocab[c] = len(vocab)
-        vocab[c + "</w>"] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
-
-
-def clip_encoder(hidden: int) -> CLIPTextModel:
-    return CLIPTextModel(CLIPTextConfig(vocab_size=54, hidden_size=hidden, intermediate_size=2 * hidden,
-                                        num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=12,
-                                        bos_token_id=0, eos_token_id=1, pad_token_id=1)).eval()
-
-
-def t5_tokenizer() -> T5TokenizerFast:
-    return T5TokenizerFast(vocab=[("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -1.0)]
-                           + [(c, -2.0) for c in LETTERS], extra_ids=0)
-
-
-def tiny_vae(latent_channels: int, **config: Any) -> AutoencoderKL:
-    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-                         up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
-                         latent_channels=latent_channels, norm_num_groups=8, sample_size=16, **config).eval()
 
 
 def pixels(*shape: int) -> torch.Tensor:
@@ -79,13 +46,7 @@ def saved(pipe: Any, folder: Path, reload: bool = True) -> tuple[Any, Path]:
 
 def test_sd15(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    pipe = StableDiffusionPipeline(
-        vae=tiny_vae(4), text_encoder=clip_encoder(16), tokenizer=clip_tokenizer(),
-        unet=UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
-                                  block_out_channels=(16, 32), attention_head_dim=4, cross_attention_dim=16,
-                                  norm_num_groups=8, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-                                  up_block_types=("UpBlock2D", "CrossAttnUpBlock2D")),
-        scheduler=DDIMScheduler(), safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    pipe = tiny_sd_pipeline()
     pipe, folder = saved(pipe, tmp_path / "sd")
     codec = load_codec(folder)
     assert isinstance(codec, SDCodec) and not any(p.requires_grad for p in codec.parameters())

@@ -1,0 +1,135 @@
+"""``fastgen encode-data`` (issue 34, point 2, local folders): captioned images -> shards whose latents and text
+embeddings are the codec's, skipped inputs counted, complete shards kept on a re-run, two ranks writing the same
+shards one process writes, and the recipes' WebDataset loader reading the result."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fastgen_testing import run_cli
+from multirank import fastgen
+from tiny_pipelines import tiny_sd_pipeline
+
+CAPTIONS = ["a red cat", "a blue dog", "two birds", "a green frog", "the sea"]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("weights") / "sd"
+    tiny_sd_pipeline().save_pretrained(folder)
+    return folder
+
+
+def photos(folder: Path) -> Path:
+    """Five captioned images of different sizes, one image without a caption, one file that is not an image."""
+    import PIL.Image
+
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    for i, caption in enumerate(CAPTIONS):
+        size = (20 + 4 * i, 16 + 2 * i)
+        PIL.Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(folder / f"img{i}.png")
+        (folder / f"img{i}.txt").write_text(caption + "\n")
+    PIL.Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(folder / "nocaption.png")
+    (folder / "broken.jpg").write_bytes(b"not a jpeg")
+    (folder / "broken.txt").write_text("never read")
+    return folder
+
+
+def members(tar_path: Path) -> dict[str, bytes]:
+    with tarfile.open(tar_path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def npy(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def test_encode_data_writes_the_codecs_latents_and_embeddings(weights: Path, tmp_path: Path) -> None:
+    src, dst = photos(tmp_path / "photos"), tmp_path / "shards"
+    args = ["encode-data", str(src), str(dst), "--weights", str(weights), "--resolution", "16", "--shard-size", "3",
+            "--batch-size", "2", "--device", "cpu"]
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "wrote 5 samples in 3 shard(s)" in result.stdout and "2 input(s) skipped" in result.stdout
+    index = json.loads((dst / "index.json").read_text())
+    assert index["family"] == "sd" and index["samples"] == 5 and index["skipped"] == 2
+    assert [s["samples"] for s in index["shards"]] == [2, 3, 0]  # sorted inputs: broken img0 img1 | img2-4 | nocaption
+    assert index["normalisation"]["scaling_factor"] == pytest.approx(0.18215)
+
+    from fastgen.datasets.sources import center_crop_resize
+    from fastgen.networks.codecs import load_codec
+
+    codec = load_codec(weights)
+    found = {}
+    for shard in sorted(dst.glob("*.tar")):
+        found.update(members(shard))
+    for i, caption in enumerate(CAPTIONS):
+        key = f"{i + 1:09d}"  # broken.jpg is input 0
+        pixels = torch.from_numpy(center_crop_resize(src / f"img{i}.png", 16)).permute(2, 0, 1)[None].float() / 127.5 - 1
+        torch.testing.assert_close(torch.from_numpy(npy(found[f"{key}.latent.npy"])), codec.encode_images(pixels)[0],
+                                   atol=1e-5, rtol=1e-5)
+        assert torch.equal(torch.from_numpy(npy(found[f"{key}.text.npy"])), codec.encode_prompts([caption])["text"][0])
+        assert found[f"{key}.txt"].decode() == caption
+        assert json.loads(found[f"{key}.json"])["source"] == f"img{i}.png"
+    empty = np.load(dst / "empty_prompt.npz", allow_pickle=False)
+    assert torch.equal(torch.from_numpy(empty["text"]), codec.encode_prompts([""])["text"][0])
+
+    # the latent recipes' loader reads them as they are
+    from fastgen.configs.data import webdataset_loader
+    from fastgen.configs.instantiate import instantiate
+
+    loader = instantiate(webdataset_loader([f"WDS:{dst}"], batch_size=2,
+                                           fields={"real": "latent.npy", "condition": "text.npy"}))
+    batch = next(iter(loader))
+    assert batch["real"].shape == (2, 4, 8, 8) and batch["condition"].shape == (2, 12, 16)
+
+    # a re-run keeps the complete shards and rewrites a missing one exactly
+    before = {p.name: p.stat().st_mtime_ns for p in dst.glob("shard-*")}
+    lost = (dst / "shard-000001.tar").read_bytes()
+    (dst / "shard-000001.tar").unlink()
+    (dst / "shard-000001.json").unlink()
+    again = run_cli(*args, cwd=tmp_path)
+    assert again.returncode == 0 and "rank 0 wrote 1 shard(s), kept 2" in again.stdout, again.stderr[-2000:]
+    assert (dst / "shard-000001.tar").read_bytes() == lost
+    assert all((dst / name).stat().st_mtime_ns == t for name, t in before.items() if "000001" not in name)
+
+    strict = run_cli(*args[:2], str(tmp_path / "strict"), *args[3:], "--strict", cwd=tmp_path)
+    errors = [line for line in strict.stderr.splitlines() if line.startswith("error:")]
+    assert strict.returncode == 2 and len(errors) == 1 and "broken.jpg: cannot read the image" in errors[0], strict.stderr
+    assert "Traceback" not in strict.stderr and "accelerate" not in strict.stderr  # libraries' chatter kept out
+
+
+def test_two_ranks_write_the_shards_one_process_writes(weights: Path, tmp_path: Path) -> None:
+    src = photos(tmp_path / "photos")
+    common = ["--weights", str(weights), "--resolution", "16", "--shard-size", "2", "--device", "cpu"]
+    # one thread, as torchrun gives each worker: a float reduction then sums in the same order, bit for bit
+    one = run_cli("encode-data", str(src), str(tmp_path / "one"), *common, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = fastgen("encode-data", str(src), str(tmp_path / "two"), *common, "--nproc-per-node", "2", cwd=tmp_path,
+                  timeout=240)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "rank 0 wrote 2 shard(s), kept 0" in two.stdout  # of 4: shards 0 and 2; rank 1 wrote 1 and 3
+    names = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "two").iterdir()) and len(list((tmp_path / "one").glob("*.tar"))) == 4
+    for name in names:
+        if name.endswith(".tar"):
+            assert members(tmp_path / "one" / name) == members(tmp_path / "two" / name), name
+    assert json.loads((tmp_path / "two" / "index.json").read_text())["samples"] == 5
+
+
+def test_bad_input_is_one_line(weights: Path, tmp_path: Path) -> None:
+    for args, message in (
+            (["encode-data", str(tmp_path / "none"), str(tmp_path / "o"), "--weights", str(weights)], "no such folder"),
+            (["encode-data", "s3://b/photos", str(tmp_path / "o"), "--weights", str(weights)], "local folders"),
+            (["encode-data", str(tmp_path), str(tmp_path / "o"), "--weights", str(tmp_path)], "holds no images")):
+        result = run_cli(*args, cwd=tmp_path)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2 and len(lines) == 1 and message in lines[0], (args, result.stderr)

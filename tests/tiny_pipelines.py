@@ -1,0 +1,47 @@
+"""Tiny random diffusers pipelines of the real classes, with tokenizers built here from small vocabularies (no
+downloads): what the codec, encode-data and export tests run on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5TokenizerFast
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def clip_tokenizer(max_length: int = 12) -> CLIPTokenizer:
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in LETTERS:
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
+
+
+def clip_encoder(hidden: int) -> CLIPTextModel:
+    return CLIPTextModel(CLIPTextConfig(vocab_size=54, hidden_size=hidden, intermediate_size=2 * hidden,
+                                        num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=12,
+                                        bos_token_id=0, eos_token_id=1, pad_token_id=1)).eval()
+
+
+def t5_tokenizer() -> T5TokenizerFast:
+    return T5TokenizerFast(vocab=[("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -1.0)]
+                           + [(c, -2.0) for c in LETTERS], extra_ids=0)
+
+
+def tiny_vae(latent_channels: int, **config: Any) -> AutoencoderKL:
+    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                         up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
+                         latent_channels=latent_channels, norm_num_groups=8, sample_size=16, **config).eval()
+
+
+def tiny_sd_pipeline() -> StableDiffusionPipeline:
+    """SD 1.5's pipeline at toy size: a 2-level VAE (4 latent channels, 16x16 -> 8x8), a 1-layer CLIP, a small U-Net."""
+    return StableDiffusionPipeline(
+        vae=tiny_vae(4), text_encoder=clip_encoder(16), tokenizer=clip_tokenizer(),
+        unet=UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+                                  block_out_channels=(16, 32), attention_head_dim=4, cross_attention_dim=16,
+                                  norm_num_groups=8, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                  up_block_types=("UpBlock2D", "CrossAttnUpBlock2D")),
+        scheduler=DDIMScheduler(), safety_checker=None, feature_extractor=None, requires_safety_checker=False)
