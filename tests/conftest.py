@@ -26,7 +26,8 @@ LONGEST_FIRST = {
     "distributed/test_sharded_checkpoints.py": 130, "e2e/test_check_ranks.py": 75, "e2e/test_startup.py": 70,
     "evaluation/test_teacher_cache.py": 70, "networks/test_compile.py": 65, "configs/test_recipes.py": 64,
     "e2e/test_cli.py": 55, "e2e/test_convert_ckpt.py": 55, "distributed/test_dryrun_plan.py": 50,
-    "e2e/test_s3_checkpoints.py": 45, "e2e/test_edm_recipe.py": 40, "utils/test_posthoc_ema.py": 30,
+    "e2e/test_s3_checkpoints.py": 65, "datasets/test_encode_data.py": 60, "e2e/test_edm_recipe.py": 40,
+    "utils/test_posthoc_ema.py": 30, "distributed/test_kd_cache_ranks.py": 25, "methods/test_frozen_teacher.py": 20,
 }
 
 

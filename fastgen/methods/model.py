@@ -51,6 +51,13 @@ class FastGenModel(nn.Module):
         super().__init__()
         self.config = config
         self.precision = FLOAT_DTYPES[config.precision]
+        path = getattr(config, "pretrained_model_path", None)
+        if path:  # a diffusers weights folder decides the architecture of the networks it initialises
+            from fastgen.networks.diffusers_nets import adopt_folder_architecture
+
+            for name in ("net", "teacher", "fake_score"):
+                if adopt_folder_architecture(getattr(config, name, None), str(path)):
+                    logger.info("model.%s: the architecture of %s", name, path)
         self.net: DiffusionNet = instantiate(config.net)
         self.net.to(self.precision)
         adapter = getattr(config, "net_adapter", None)

@@ -94,6 +94,35 @@ def read_diffusers_state(path: str, subfolder: str) -> dict[str, torch.Tensor]:
                      f"{root / subfolder} or {root}")
 
 
+def folder_architecture(path: str, subfolder: str) -> dict[str, Any] | None:
+    """The architecture in a diffusers model folder's ``config.json`` (``path/subfolder``, then ``path``), without
+    diffusers' bookkeeping keys (``_class_name``...); None when neither folder has one (not downloaded yet: the
+    recipe's own architecture is then kept, and loading the weights names the missing folder)."""
+    root = Path(path).expanduser()
+    for folder in (root / subfolder, root):
+        file = folder / "config.json"
+        if file.is_file():
+            return {k: v for k, v in json.loads(file.read_text()).items() if not k.startswith("_")}
+    return None
+
+
+def adopt_folder_architecture(network: Any, path: str) -> bool:
+    """``model.pretrained_model_path`` decides the architecture of a diffusers-backed network config (a
+    ``DiffusionNet`` LazyCall whose backbone is one of this module's classes): its ``config`` becomes the weights
+    folder's ``config.json``, so fine-tunes and other sizes of a family load, not only the recipe's default.
+    Returns whether ``network`` was changed (in place)."""
+    backbone = getattr(network, "backbone", None) if network is not None else None
+    target = str(getattr(backbone, "_target_", "") or "")
+    cls = BACKBONES.get(target.rsplit(".", 1)[-1]) if target.startswith(__name__ + ".") else None
+    if cls is None:
+        return False
+    found = folder_architecture(path, cls.weights_subfolder)
+    if found is None:
+        return False
+    backbone.config = found
+    return True
+
+
 class DiffusersBackbone(nn.Module):
     """Base class: builds ``model_class`` from ``config`` and adds the contract's conditioning, feature taps, shard
     units and weight loading. Subclasses say how the model is called (``_call``) and where its blocks are."""
@@ -311,3 +340,6 @@ class WanTransformer(DiffusersBackbone):
         p_t, p_h, p_w = self.model.config.patch_size
         frames = (x.shape[2] if x.dim() == 5 else 1) // p_t
         return _tokens_to_map(output, frames * (x.shape[-2] // p_h), x.shape[-1] // p_w)
+
+
+BACKBONES: dict[str, type[DiffusersBackbone]] = {cls.__name__: cls for cls in (SDUNet, FluxTransformer, WanTransformer)}

@@ -212,3 +212,31 @@ def test_text_embeddings_from_data_train_with_label_dropout() -> None:
     dropped = (used == 0).flatten(1).all(dim=1)
     kept = (used == text).flatten(1).all(dim=1)
     assert bool((dropped | kept).all()) and 0 < int(dropped.sum()) < 16
+
+
+def test_the_weights_folder_decides_the_architecture(tmp_path: Path) -> None:
+    """Issue 34, point 3: with ``model.pretrained_model_path`` the network is built as the folder's ``config.json``
+    says - here a smaller fine-tune than the recipe's U-Net - and its weights load into it (strictly). Without the
+    folder's architecture the load fails (the shapes differ); a folder without ``config.json`` keeps the recipe's."""
+    from diffusers import UNet2DConditionModel
+
+    from fastgen.configs.config_utils import load_config
+    from fastgen.methods.sft import SFTModel
+
+    torch.manual_seed(1)
+    other = {**TINY_SD_UNET, "block_out_channels": [8, 16], "norm_num_groups": 4}
+    UNet2DConditionModel(**other).save_pretrained(tmp_path / "weights" / "unet")
+    config = load_config("Digits/config_sft_digits").model
+    config.net = sd_unet(TINY_SD_UNET)
+    config.pretrained_model_path = str(tmp_path / "weights")
+    model = SFTModel(config)
+    assert list(model.net.backbone.model.config.block_out_channels) == [8, 16]
+    assert list(config.net.backbone.config["block_out_channels"]) == [8, 16]  # what config.yaml then records
+    model.init_weights()
+    saved = UNet2DConditionModel.from_pretrained(tmp_path / "weights" / "unet").state_dict()
+    assert all(torch.equal(model.net.backbone.model.state_dict()[k], v) for k, v in saved.items())
+
+    (tmp_path / "empty").mkdir()
+    config.net = sd_unet(TINY_SD_UNET)
+    config.pretrained_model_path = str(tmp_path / "empty")
+    assert list(SFTModel(config).net.backbone.model.config.block_out_channels) == [16, 32]
