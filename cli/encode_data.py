@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from fastgen.cli.common import interactive, out, setup_logging
@@ -65,49 +65,49 @@ def encode_data(
         if "://" in value:
             raise UsageError(f"{value}: encode-data reads and writes local folders for now (copy from S3 first)")
     source, target, folder = Path(src).expanduser(), Path(dst).expanduser(), Path(weights).expanduser()
+    from fastgen.datasets.encode import captioned_images, check_sizes
+    from fastgen.networks.codecs import codec_family
+    from fastgen.utils.dtypes import FLOAT_DTYPES
+
+    # bad input fails here, once, before any model is loaded or any worker started
+    if dtype not in FLOAT_DTYPES:
+        raise UsageError(f"--dtype {dtype}: choose one of {', '.join(FLOAT_DTYPES)}")
+    check_sizes(resolution, shard_size, batch_size)
+    sources = captioned_images(source)
+    codec_family(folder)
     if wants_launch(nproc_per_node, nnodes):
-        from fastgen.cli.common import ARGV
-        from fastgen.cli.launching import worker_argv
+        from fastgen.cli.launching import launch_this_command
 
-        from fastgen.datasets.encode import captioned_images
-        from fastgen.distributed.launch import launch, torchrun_args
-
-        captioned_images(source)  # bad input fails once, before any worker starts
-        launch(worker_argv(ARGV), torchrun_args(nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, rdzv_id, 0),
-               nproc_per_node or 1)
+        launch_this_command(nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, rdzv_id)
         return
-    _encode(source, target, folder, resolution, batch_size, shard_size, strict, device, dtype)
+    _encode(sources, source, target, folder, resolution, batch_size, shard_size, strict, device, FLOAT_DTYPES[dtype])
 
 
-def _encode(source: Path, target: Path, folder: Path, resolution: int, batch_size: int, shard_size: int,
-            strict: bool, device: str, dtype: str) -> None:
-    """One rank's share (``RANK`` of ``WORLD_SIZE`` under torchrun), then rank 0's index."""
+def _encode(sources: list[Any], source: Path, target: Path, folder: Path, resolution: int, batch_size: int, shard_size: int,
+            strict: bool, device: str, dtype: Any) -> None:
+    """One rank's share (``RANK`` of ``WORLD_SIZE`` under torchrun) of ``sources``, then rank 0's index."""
     import os
 
     from fastgen.cli.download_data import BarProgress, LineProgress
 
-    from fastgen.datasets.encode import captioned_images, encode_folder, write_index
+    from fastgen.datasets.encode import encode_folder, write_index
     from fastgen.evaluation.sampling import resolve_device
     from fastgen.networks.codecs import load_codec
-    from fastgen.utils.dtypes import FLOAT_DTYPES
-    from fastgen.utils.errors import UsageError
 
-    if dtype not in FLOAT_DTYPES:
-        raise UsageError(f"--dtype {dtype}: choose one of {', '.join(FLOAT_DTYPES)}")
-    inputs = len(captioned_images(source))
+    inputs = len(sources)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     if world > 1:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
-    codec = load_codec(folder, dtype=FLOAT_DTYPES[dtype]).to(resolve_device(device))
+    codec = load_codec(folder, dtype=dtype).to(resolve_device(device))
     progress = (BarProgress() if interactive() else LineProgress()) if rank == 0 else None
     if progress is not None:
         shards = -(-inputs // shard_size)
         mine = sum(min(shard_size, inputs - s * shard_size) for s in range(0, shards, world))
         progress.start(f"encoding {source} with the {codec.family} codec", total=mine, unit="images")
     try:
-        done = encode_folder(codec, source, target, resolution, shard_size, batch_size, rank, world, strict,
+        done = encode_folder(codec, sources, target, resolution, shard_size, batch_size, rank, world, strict,
                              None if progress is None else progress.advance)
     finally:
         if progress is not None:

@@ -64,9 +64,6 @@ def launch_workers(config: BaseConfig, nproc_per_node: int, nnodes: str, node_ra
                    rdzv_id: Optional[str], max_restarts: int = 0) -> None:
     """Start the workers through torchrun's agent (fastgen.distributed.launch) with this command minus the launch flags.
     The config was resolved here first, so a bad config fails once, before any worker starts."""
-    from fastgen.cli.common import ARGV
-
-    from fastgen.distributed.launch import launch, torchrun_args
     from fastgen.utils.errors import ConfigError
 
     if not (config.trainer.ddp or config.trainer.fsdp):
@@ -76,5 +73,16 @@ def launch_workers(config: BaseConfig, nproc_per_node: int, nnodes: str, node_ra
     world = nproc_per_node * int(nnodes.split(":")[-1]) if nnodes.split(":")[-1].isdigit() else None
     if config.trainer.fsdp and shard_size is not None and world is not None and world % shard_size:
         raise ConfigError(f"trainer.fsdp_shard_size={shard_size} must divide the world size {world}")
-    args = torchrun_args(nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_id, max_restarts)
-    launch(worker_argv(ARGV), args, nproc_per_node)
+    launch_this_command(nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_id, max_restarts)
+
+
+def launch_this_command(nproc_per_node: int, nnodes: str, node_rank: int, rdzv_endpoint: Optional[str],
+                        rdzv_id: Optional[str], max_restarts: int = 0) -> None:
+    """Run this command again as torchrun workers (``fastgen.distributed.launch``), minus the launch flags: what
+    every command with ``--nproc-per-node`` does once it has checked its input."""
+    from fastgen.cli.common import ARGV
+
+    from fastgen.distributed.launch import launch, torchrun_args
+
+    launch(worker_argv(ARGV), torchrun_args(nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_id, max_restarts),
+           nproc_per_node)

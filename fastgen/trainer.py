@@ -55,7 +55,7 @@ import torch
 
 from fastgen.callbacks.callback import Callback, CallbackDict
 from fastgen.callbacks.loss_scale import LossScaleCallback
-from fastgen.checkpoint.manager import CheckpointManager, TrainingState, load_pretrained
+from fastgen.checkpoint.manager import CheckpointManager, TrainingState, load_pretrained, rebuild_frozen
 from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
 from fastgen.distributed import group as dist_utils
@@ -495,14 +495,13 @@ class Trainer:
             model.init_weights()
             self._load_pretrained(model)
         elif getattr(model, "rebuilt_modules", None):
-            model.init_frozen_weights()
-            self._load_pretrained(model, frozen_only=True)
+            rebuild_frozen(model, self.config.trainer.checkpointer.pretrained_ckpt_path, self.config.credentials_dir)
 
-    def _load_pretrained(self, model: Any, frozen_only: bool = False) -> None:
+    def _load_pretrained(self, model: Any) -> None:
         path = self.config.trainer.checkpointer.pretrained_ckpt_path
         if path:
-            load_pretrained(model, path, self.config.credentials_dir, frozen_only=frozen_only)
-            logger.info("initialised %sweights from %s", "frozen " if frozen_only else "", path)
+            load_pretrained(model, path, self.config.credentials_dir)
+            logger.info("initialised weights from %s", path)
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
     def _choose_checkpoint(self) -> str | None:

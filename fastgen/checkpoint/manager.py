@@ -9,11 +9,15 @@ full tensors on the host (``full_state_dict`` / ``full_optimizer_state_dict``: C
 name) and writes the file atomically (temporary name, rename), so a file with the final name is complete.
 
 **Sharded** (``trainer.fsdp``): a ``{iteration:07d}.dcp/`` folder written by every rank through
-``torch.distributed.checkpoint`` (each rank writes its own shards of every network - EMA, teacher and fake score
+``torch.distributed.checkpoint`` (each rank writes its own shards of every saved network - EMA and fake score
 included - and of every optimizer state; no rank ever holds a full network), plus the marker
 ``{iteration:07d}.pth``, a small file that rank 0 writes only after every rank's shards and DCP's metadata are
 written. The marker holds what is not sharded: schedulers, and the state of *each* rank (random streams, data
 loader positions, rank-local callback state).
+
+**Frozen networks** (a distillation's teacher) are in neither format: both record their fingerprints
+(``frozen_fingerprints``) and every start rebuilds them from their source (``rebuild_frozen``); a resume refuses
+one that differs from the fingerprint.
 
 **Validity.** A checkpoint is valid when its ``.pth`` exists; a ``.dcp`` folder without its marker (a crash
 during a save) is ignored and removed by the next save. The newest valid checkpoint is resumed.
@@ -322,22 +326,22 @@ class CheckpointManager:
             load_sharded(self.store.dcp_reader(marker), state.model, self.store.folder(marker))
             restore_non_tensor_state(state.model, payload, marker)
         else:
-            try:
-                payload = self.store.read_for_resume(marker)
-            except CorruptCheckpointError as exc:
-                previous = self.store.previous_complete(marker)
-                raise CorruptCheckpointError(exc.path, exc.reason, None if previous is None else Path(previous)) from None
+            payload = self._read(self.store.read_for_resume, marker)
             restore_full_state(state.model, payload, marker)
         self.check_frozen(state.model, payload, marker)
         state.callbacks.load_state_dict(rank_entry(payload, "callbacks") or {})
         return payload
 
-    def _read_marker(self, marker: str) -> dict[str, Any]:
+    def _read(self, read: Any, marker: str) -> dict[str, Any]:
+        """``read(marker)``; a corrupt file's error names the newest complete checkpoint before it."""
         try:
-            payload = self.store.read(marker, whole=False)
+            return read(marker)
         except CorruptCheckpointError as exc:
             previous = self.store.previous_complete(marker)
             raise CorruptCheckpointError(exc.path, exc.reason, None if previous is None else Path(previous)) from None
+
+    def _read_marker(self, marker: str) -> dict[str, Any]:
+        payload = self._read(lambda m: self.store.read(m, whole=False), marker)
         if not isinstance(payload, dict) or payload.get("format") != FORMAT or payload.get("layout") != SHARDED:
             raise CheckpointError(f"{marker} is not the marker of a fastgen sharded checkpoint")
         return payload
@@ -541,6 +545,15 @@ def load_pretrained(model: Any, path: str | None, credentials_dir: str | None, f
     for name, ema in getattr(model, "ema_nets", {}).items():
         if name not in payload.get("model", {}):  # an EMA the checkpoint lacks starts from the loaded net
             ema.load_state_dict(model.net.state_dict())
+
+
+def rebuild_frozen(model: Any, pretrained_ckpt_path: str | None, credentials_dir: str | None) -> None:
+    """Load the networks checkpoints leave out (``model.rebuilt_modules``: a teacher) from where training took
+    them - the method's own sources (``init_frozen_weights``), then ``pretrained_ckpt_path``'s entries for them -
+    and nothing else: what a resume, ``select_net(run, "teacher")`` and exports need."""
+    model.init_frozen_weights()
+    if pretrained_ckpt_path:
+        load_pretrained(model, pretrained_ckpt_path, credentials_dir, frozen_only=True)
 
 
 def rank_entry(payload: dict[str, Any], key: str) -> Any:

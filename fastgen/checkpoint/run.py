@@ -45,12 +45,9 @@ class LoadedRun:
         missing = [name for name in getattr(model, "rebuilt_modules", {}) if name not in self.loaded]
         if not missing:
             return
-        model.init_frozen_weights()
-        path = self.config.trainer.checkpointer.pretrained_ckpt_path
-        if path:
-            from fastgen.checkpoint.manager import load_pretrained
+        from fastgen.checkpoint.manager import rebuild_frozen
 
-            load_pretrained(model, path, self.config.credentials_dir, frozen_only=True)
+        rebuild_frozen(model, self.config.trainer.checkpointer.pretrained_ckpt_path, self.config.credentials_dir)
         device = next(model.net.parameters()).device
         for name in missing:
             model.model_dict[name].to(device)

@@ -81,13 +81,13 @@ class LocalStore:
         """``whole``: ``load_checkpoint`` (a monolithic checkpoint, or a sharded one assembled); else the marker's
         own dict."""
         if whole:
-            return load_checkpoint(marker, mmap=True)  # a resume: one read per node (load_checkpoint)
+            return load_checkpoint(marker)
         return _load_marker_file(Path(marker), marker)
 
     def read_for_resume(self, marker: str) -> dict[str, Any]:
         """A monolithic checkpoint for every rank's resume (a collective): mapped, so the ranks of a node share
-        one read of the file through the page cache."""
-        return self.read(marker, whole=True)
+        one read of the file through the page cache (``load_checkpoint(mmap=True)``)."""
+        return load_checkpoint(marker, mmap=True)
 
     def previous_complete(self, marker: str) -> str | None:
         found = self.files.previous_complete(Path(marker))

@@ -142,14 +142,17 @@ def encode_shard(codec: Any, sources: list[Source], path: Path, resolution: int,
     return {"samples": len(readable), "skipped": skipped}
 
 
-def encode_folder(codec: Any, src: Path, dst: Path, resolution: int, shard_size: int = 1000, batch_size: int = 8,
-                  rank: int = 0, world: int = 1, strict: bool = False,
-                  progress: Callable[[int], None] | None = None) -> dict[str, int]:
-    """This rank's shards of ``src`` into ``dst`` (module docstring); the ones already complete are kept. Returns
-    ``{"shards", "written", "kept"}`` for this rank."""
+def check_sizes(resolution: int, shard_size: int, batch_size: int) -> None:
     if resolution < 8 or shard_size < 1 or batch_size < 1:
         raise UsageError("--resolution must be at least 8, --shard-size and --batch-size at least 1")
-    sources = captioned_images(src)
+
+
+def encode_folder(codec: Any, sources: list[Source], dst: Path, resolution: int, shard_size: int = 1000,
+                  batch_size: int = 8, rank: int = 0, world: int = 1, strict: bool = False,
+                  progress: Callable[[int], None] | None = None) -> dict[str, int]:
+    """This rank's shards of ``sources`` (``captioned_images(src)``) into ``dst`` (module docstring); the ones
+    already complete are kept. Returns ``{"shards", "written", "kept"}`` for this rank."""
+    check_sizes(resolution, shard_size, batch_size)
     dst.mkdir(parents=True, exist_ok=True)
     shards = range(rank, -(-len(sources) // shard_size), world)
     written = kept = 0
@@ -189,4 +192,5 @@ def write_index(codec: Any, dst: Path, weights: Path, resolution: int, total_inp
     return index
 
 
-__all__ = ["FORMAT", "Source", "captioned_images", "encode_folder", "encode_shard", "shard_name", "write_index"]
+__all__ = ["FORMAT", "Source", "captioned_images", "check_sizes", "encode_folder", "encode_shard", "shard_name",
+           "write_index"]

@@ -24,7 +24,8 @@ final sample), ``labels`` and the student ``times`` to one ``.pt`` file (atomica
 A run whose ``kd_data_path`` does not exist builds it in ``prepare_training_data`` once its networks are on their
 devices, before the trainer builds its data loaders: split across the ranks (rank ``r`` solves batches
 ``r, r + W, ...``; under FSDP every rank runs the same number of teacher calls, the sharded forward being a
-collective), then rank 0 joins the parts into the one file - the same bytes as a one-process build. Without ``kd_data_path`` the teacher solves fresh noise for every batch.
+collective), then rank 0 joins the parts into the one file - the same bytes as a one-process build. Without
+``kd_data_path`` the teacher solves fresh noise for every batch.
 
 Logged keys (``loss_dict``): ``total_loss``, ``kd_loss`` (mean over the student's steps) and, for ``k > 1``,
 ``kd_loss_step{i}`` for each step ``i``.
@@ -238,8 +239,6 @@ def build_kd_dataset(model: KDModel, path: str | Path, num_samples: int, batch_s
 
 
 def _read_part(path: Path) -> dict[str, Any]:
-    from fastgen.utils.safe_pickle import torch_load
-
     return torch_load(path, what="KD pairs part")
 
 

@@ -88,30 +88,30 @@ class TCMModel(CMModel):
             modules["stage1_net"] = self.stage1_net
         return modules
 
-    @torch.no_grad()
-    def _stage1_state(self) -> tuple[str, dict[str, torch.Tensor]]:
-        path = self.config.stage1_ckpt
-        if not path:
-            raise ConfigError("model.tcm_stage=2 needs model.stage1_ckpt (a checkpoint of the stage-1 run)")
-        return path, load_network_state(path, self.config.stage1_ckpt_key)
-
     def frozen_source(self, name: str) -> str:
         return f"model.stage1_ckpt={self.config.stage1_ckpt}" if name == "stage1_net" else super().frozen_source(name)
 
+    @torch.no_grad()
     def init_frozen_weights(self) -> None:
         """Stage 2: the frozen boundary model from the stage-1 checkpoint (on every start, fresh or resumed)."""
         super().init_frozen_weights()
-        if self.stage1_net is not None:
-            path, state = self._stage1_state()
-            load_weights(self.stage1_net, state, path, "model.net", what="stage-1 weights")
+        if self.stage1_net is None:
+            return
+        path = self.config.stage1_ckpt
+        if not path:
+            raise ConfigError("model.tcm_stage=2 needs model.stage1_ckpt (a checkpoint of the stage-1 run)")
+        load_weights(self.stage1_net, load_network_state(path, self.config.stage1_ckpt_key), path, "model.net",
+                     what="stage-1 weights")
 
+    @torch.no_grad()
     def init_weights(self) -> None:
-        """Stage 2: the frozen boundary model and the trained network both start from the stage-1 checkpoint."""
+        """Stage 2: the frozen boundary model and the trained network both start from the stage-1 checkpoint: the
+        boundary model is loaded first (``init_frozen_weights``) and the trained network copies it, one read."""
         super().init_weights()
         if self.stage1_net is None:
             return
-        path, state = self._stage1_state()
-        load_weights(self.net, state, path, "model.net", what="stage-1 weights")
+        path = self.config.stage1_ckpt
+        load_weights(self.net, self.stage1_net.state_dict(), path, "model.net", what="stage-1 weights")
         self.sync_ema_to_net()
         logger.info("TCM stage 2: boundary model and initial weights from %s (t' = %g)", path, self.config.t_prime)
 

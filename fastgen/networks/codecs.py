@@ -231,10 +231,9 @@ CODECS: dict[str, type[Codec]] = {cls.family: cls for cls in (SDCodec, FluxCodec
 _BY_PIPELINE = {"StableDiffusionPipeline": "sd", "FluxPipeline": "flux", "WanPipeline": "wan"}
 
 
-def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype = torch.float32,
-               **kwargs: Any) -> Codec:
-    """The codec of the diffusers pipeline folder ``folder`` (``family``: from its ``model_index.json``'s
-    ``_class_name`` when not given)."""
+def codec_family(folder: str | Path, family: str | None = None) -> str:
+    """The codec family of the diffusers pipeline folder ``folder`` (``family``: from its ``model_index.json``'s
+    ``_class_name`` when not given), or a one-line UsageError - without loading anything."""
     folder = Path(folder).expanduser()
     index_file = folder / "model_index.json"
     if not index_file.is_file():
@@ -246,10 +245,17 @@ def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype
             raise UsageError(f"{folder}: no codec for the pipeline {pipeline!r} (known: {', '.join(_BY_PIPELINE)})")
     if family not in CODECS:
         raise UsageError(f"unknown codec family {family!r} (known: {', '.join(CODECS)})")
+    return family
+
+
+def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype = torch.float32,
+               **kwargs: Any) -> Codec:
+    """The codec of the diffusers pipeline folder ``folder`` (``codec_family``), frozen, at ``dtype``."""
+    family = codec_family(folder, family)
     import_diffusers()
     import_extra("transformers", "text encoders")
     with _quiet_libraries():
         return CODECS[family].from_pretrained(folder, dtype=dtype, **kwargs)
 
 
-__all__ = ["CODECS", "Codec", "FluxCodec", "SDCodec", "WanCodec", "load_codec"]
+__all__ = ["CODECS", "Codec", "FluxCodec", "SDCodec", "WanCodec", "codec_family", "load_codec"]
