@@ -1,4 +1,5 @@
-"""``fastgen convert-ckpt``: convert a checkpoint between .pth, sharded DCP and safetensors, or extract one network."""
+"""``fastgen convert-ckpt``: convert a checkpoint between .pth, sharded DCP and safetensors, extract one network, or
+export a run as a diffusers pipeline folder (``--to diffusers``, ``fastgen.pipelines.export``)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ Examples:
   fastgen convert-ckpt runs/lora/checkpoints/0001000.pth merged.pth --merge-lora --only ema
 
 \b
+  # a distilled SD / Flux / Wan student as a diffusers pipeline folder (its EMA network when the run keeps one):
+  # the teacher's components, the student, a scheduler with its steps, fastgen_export.json and a model card
+  fastgen convert-ckpt runs/dmd2_sd15 sd15_4step --to diffusers
+  #   then in Python: call = json.load(open("sd15_4step/fastgen_export.json"))["call"]
+  #   DiffusionPipeline.from_pretrained("sd15_4step")("a fox", generator=torch.Generator().manual_seed(0), **call)
+
+\b
   # network weights for publishing; from and to S3 (credentials: --credentials-dir/s3.json or AWS_* variables)
   fastgen convert-ckpt s3://bucket/runs/dmd2/checkpoints student.safetensors --only ema
   fastgen convert-ckpt full.pth s3://bucket/published/0004000.pth
@@ -35,7 +43,8 @@ Examples:
 SRC: a checkpoint .pth (monolithic or a sharded marker), a .dcp folder, a .safetensors file, a checkpoints
 folder or a run directory (its newest valid checkpoint), local or s3://bucket/prefix. DST: a new file or .dcp
 name, or a folder that receives NNNNNNN.<format>; the format follows DST's suffix (a folder or .dcp: dcp) unless
---to says it. Nothing existing is overwritten, and nothing is left at DST when the conversion fails. Memory stays
+--to says it (--to diffusers: DST is a new pipeline folder; the components come from the run's
+model.pretrained_model_path or --weights; LoRA networks are merged). Nothing existing is overwritten, and nothing is left at DST when the conversion fails. Memory stays
 about one piece of --piece-mb, whatever the checkpoint's size. safetensors holds network weights only.
 """
 
@@ -43,18 +52,28 @@ about one piece of --piece-mb, whatever the checkpoint's size. safetensors holds
 def convert_ckpt(
     src: str = typer.Argument(..., metavar="SRC", help="Checkpoint, .dcp folder, .safetensors, checkpoints folder or run directory (local or s3://)."),
     dst: str = typer.Argument(..., metavar="DST", help="New .pth / .safetensors / .dcp name, or a folder (local or s3://)."),
-    to: Optional[str] = typer.Option(None, "--to", help="pth, dcp or safetensors (default: from DST's suffix).", show_default=False),
+    to: Optional[str] = typer.Option(None, "--to", help="pth, dcp, safetensors (default: from DST's suffix) or diffusers (a pipeline folder).", show_default=False),
     only: Optional[str] = typer.Option(None, "--only", help="Keep one network (net, ema, fake_score, ...) as `net`: a teacher / initial-weights file.", show_default=False),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Cast floating-point network weights: bfloat16, float16 or float32.", show_default=False),
     credentials_dir: str = typer.Option("./credentials/", "--credentials-dir", help="Folder whose s3.json holds S3 credentials (else AWS_* variables)."),
     piece_mb: int = typer.Option(64, "--piece-mb", help="Largest piece read at a time, in MiB (peak memory)."),
     merge_lora: bool = typer.Option(False, "--merge-lora", help="A LoRA run (model.net_adapter): fold the adapter into the base and write plain networks (.pth)."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="--to diffusers: the teacher's pipeline folder (default: the run's model.pretrained_model_path).", show_default=False),
     log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
-    """Convert a checkpoint between .pth, sharded DCP and safetensors; --only extracts one network."""
+    """Convert a checkpoint between .pth, sharded DCP and safetensors; --only extracts one network; --to diffusers
+    writes a diffusers pipeline folder."""
     from fastgen.utils.errors import UsageError
 
     setup_logging(log_level)
+    if to == "diffusers":
+        if merge_lora or dtype is not None:
+            raise UsageError("--to diffusers merges LoRA networks itself and keeps the network's dtype: drop "
+                             "--merge-lora / --dtype")
+        _export_diffusers(src, dst, only, weights, credentials_dir)
+        return
+    if weights is not None:
+        raise UsageError("--weights goes with --to diffusers")
     if merge_lora:
         if to not in (None, "pth") or dtype is not None:
             raise UsageError("--merge-lora writes a .pth in the weights' own dtype: drop --to / --dtype")
@@ -93,6 +112,26 @@ def convert_ckpt(
     if result.dropped:
         c.print(f"  dropped   {', '.join(result.dropped)} ({'--only' if only else result.format} keeps "
                 f"{'one network' if only else 'network weights only'})", soft_wrap=True)
+
+
+def _export_diffusers(src: str, dst: str, only: Optional[str], weights: Optional[str], credentials_dir: str) -> None:
+    import shlex
+
+    from fastgen.cli import common
+    from fastgen.pipelines.export import EXPORT_FILE, export_diffusers
+
+    command = "fastgen " + shlex.join(common.ARGV)
+    info = export_diffusers(src, dst, only=only, weights=weights, credentials_dir=credentials_dir, command=command)
+    from rich.markup import escape
+
+    c = out()
+    c.print(f"[bold green]exported[/bold green] {info['network']} of {escape(info['checkpoint'])} (iteration "
+            f"{info['iteration']}) -> {escape(dst)} ({info['pipeline']}, {len(info['times'])} step(s), "
+            f"{info['scheduler']})", soft_wrap=True)
+    c.print(f"  call  {escape(str(info['call']))} (in {EXPORT_FILE})", soft_wrap=True)
+    if info["global_seed"]:
+        c.print("  note  this pipeline re-noises from torch's global generator: call torch.manual_seed(seed) "
+                "before it to reproduce fastgen sample", soft_wrap=True)
 
 
 class _ProgressBar:

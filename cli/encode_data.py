@@ -1,5 +1,6 @@
-"""``fastgen encode-data``: a folder of captioned images -> WebDataset shards of latents and text embeddings
-(``fastgen.datasets.encode``), through the VAE and text encoders of a diffusers weights folder."""
+"""``fastgen encode-data``: captioned images or videos (a folder, or WebDataset shards local or in S3) ->
+WebDataset shards of latents and text embeddings (``fastgen.datasets.encode``), through the VAE and text encoders
+of a diffusers weights folder."""
 
 from __future__ import annotations
 
@@ -29,24 +30,34 @@ Examples:
   fastgen encode-data photos/ data/flux_latents --weights /weights/FLUX.1-dev --resolution 1024 --nproc-per-node 8
 
 \b
+  # WebDataset shards of jpg/png/mp4 + txt, from S3 (credentials: --credentials-dir/s3.json or AWS_*);
+  # videos for Wan: 33 frames, every 2nd, at 480x480
+  fastgen encode-data s3://bucket/clips/ data/wan_latents --weights /weights/Wan2.1-T2V-1.3B-Diffusers \
+      --resolution 480 --frames 33 --frame-stride 2
+
+\b
   # then train on them
   fastgen train -c SD/config_dmd2_sd15 - model.pretrained_model_path=/weights/stable-diffusion-v1-5 \\
       'dataloader_train.datatags=[WDS:data/sd15_latents]'
 
-DST gets shard-NNNNNN.tar (latent.npy, text.npy and the family's extras - pooled.npy for Flux, text_mask.npy for
-Wan -, txt, json per sample), shard-NNNNNN.json (complete shards: kept on a re-run), empty_prompt.npz and
-index.json. Images that cannot be read or have no caption are skipped and counted (--strict: an error).
-Local folders only for now: S3, WebDataset and video sources are not supported yet.
+SRC: a folder of images / videos with same-name .txt captions, or WebDataset shards (a folder of .tar files or
+s3://bucket/prefix) whose samples hold jpg/png/webp/mp4 + txt. DST (a local folder or s3://bucket/prefix) gets shard-NNNNNN.tar
+(latent.npy, text.npy and the family's extras - pooled.npy for Flux, text_mask.npy for Wan -, txt, json per
+sample), shard-NNNNNN.json (complete shards: kept on a re-run), empty_prompt.npz and index.json. Inputs that
+cannot be read, have no caption, or are too short for --frames are skipped and counted (--strict: an error).
 """
 
 
 def encode_data(
-    src: str = typer.Argument(..., metavar="SRC", help="A folder of images with same-name .txt captions."),
-    dst: str = typer.Argument(..., metavar="DST", help="The shards folder to write (created; complete shards are kept)."),
+    src: str = typer.Argument(..., metavar="SRC", help="A folder of images / videos with same-name .txt captions, or WebDataset shards (folder or s3://)."),
+    dst: str = typer.Argument(..., metavar="DST", help="The shards folder or s3:// prefix to write (complete shards are kept)."),
     weights: str = typer.Option(..., "--weights", help="A diffusers pipeline folder (model_index.json, vae/, text encoders)."),
     resolution: int = typer.Option(512, "--resolution", help="Square side the images are centre-cropped and resized to."),
     batch_size: int = typer.Option(8, "--batch-size", help="Images encoded at once per rank."),
     shard_size: int = typer.Option(1000, "--shard-size", help="Inputs per shard."),
+    frames: int = typer.Option(17, "--frames", help="Videos: frames taken from each (Wan: 4 k + 1)."),
+    frame_stride: int = typer.Option(1, "--frame-stride", help="Videos: take every N-th frame."),
+    credentials_dir: str = typer.Option("./credentials/", "--credentials-dir", help="s3:// SRC / DST: the folder whose s3.json holds the credentials (else AWS_* variables)."),
     strict: bool = typer.Option(False, "--strict", help="An unreadable or uncaptioned input is an error, not skipped."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when available), cpu, cuda or cuda:N."),
     dtype: str = typer.Option("float32", "--dtype", help="The encoders' dtype: float32, bfloat16 or float16."),
@@ -61,11 +72,13 @@ def encode_data(
     from fastgen.utils.errors import UsageError
 
     setup_logging(log_level)
-    for value in (src, dst, weights):
-        if "://" in value:
-            raise UsageError(f"{value}: encode-data reads and writes local folders for now (copy from S3 first)")
-    source, target, folder = Path(src).expanduser(), Path(dst).expanduser(), Path(weights).expanduser()
-    from fastgen.datasets.encode import captioned_images, check_sizes
+    if "://" in weights:
+        raise UsageError(f"--weights {weights}: a local diffusers pipeline folder")
+    for value in (src, dst):
+        if "://" in value and not value.startswith("s3://"):
+            raise UsageError(f"{value}: encode-data reads and writes local folders or s3:// prefixes")
+    folder = Path(weights).expanduser()
+    from fastgen.datasets.encode import Frames, check_sizes
     from fastgen.networks.codecs import codec_family
     from fastgen.utils.dtypes import FLOAT_DTYPES
 
@@ -73,28 +86,61 @@ def encode_data(
     if dtype not in FLOAT_DTYPES:
         raise UsageError(f"--dtype {dtype}: choose one of {', '.join(FLOAT_DTYPES)}")
     check_sizes(resolution, shard_size, batch_size)
-    sources = captioned_images(source)
-    codec_family(folder)
+    if frames < 1 or frame_stride < 1:
+        raise UsageError("--frames and --frame-stride must be at least 1")
+    if src.startswith("s3://") or dst.startswith("s3://"):
+        from fastgen.utils.env import load_credentials
+
+        load_credentials(credentials_dir)
+    shards = _shards(src, shard_size)
+    family = codec_family(folder)
+    _check_frames(family, folder, frames)
     if wants_launch(nproc_per_node, nnodes):
         from fastgen.cli.launching import launch_this_command
 
         launch_this_command(nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, rdzv_id)
         return
-    _encode(sources, source, target, folder, resolution, batch_size, shard_size, strict, device, FLOAT_DTYPES[dtype])
+    _encode(shards, src, dst, folder, resolution, batch_size, strict, device, FLOAT_DTYPES[dtype],
+            Frames(frames, frame_stride))
 
 
-def _encode(sources: list[Any], source: Path, target: Path, folder: Path, resolution: int, batch_size: int, shard_size: int,
-            strict: bool, device: str, dtype: Any) -> None:
-    """One rank's share (``RANK`` of ``WORLD_SIZE`` under torchrun) of ``sources``, then rank 0's index."""
+def _shards(src: str, shard_size: int) -> list[Any]:
+    """The output shards of SRC: a folder's inputs in slices, or WebDataset shards one for one."""
+    from fastgen.datasets.encode import captioned_images, folder_shards, is_webdataset_source, webdataset_shards
+
+    if is_webdataset_source(src):
+        return webdataset_shards(src)
+    return folder_shards(captioned_images(Path(src).expanduser()), shard_size)
+
+
+def _check_frames(family: str, folder: Path, frames: int) -> None:
+    """Wan's VAE encodes 1 + 4 k frames (its config's ``scale_factor_temporal``)."""
+    if family != "wan" or frames == 1:
+        return
+    import json
+
+    from fastgen.utils.errors import UsageError
+
+    try:
+        temporal = int(json.loads((folder / "vae" / "config.json").read_text()).get("scale_factor_temporal", 4))
+    except (OSError, ValueError):
+        return
+    if (frames - 1) % temporal:
+        raise UsageError(f"--frames {frames}: Wan's VAE encodes 1 + {temporal} k frames (e.g. "
+                         f"{(frames - 1) // temporal * temporal + 1} or {((frames - 1) // temporal + 1) * temporal + 1})")
+
+
+def _encode(shards: list[Any], source: str, target: str, folder: Path, resolution: int, batch_size: int,
+            strict: bool, device: str, dtype: Any, frames: Any) -> None:
+    """One rank's share (``RANK`` of ``WORLD_SIZE`` under torchrun) of ``shards``, then rank 0's index."""
     import os
 
     from fastgen.cli.download_data import BarProgress, LineProgress
 
-    from fastgen.datasets.encode import encode_folder, write_index
+    from fastgen.datasets.encode import Destination, encode_shards, write_index
     from fastgen.evaluation.sampling import resolve_device
     from fastgen.networks.codecs import load_codec
 
-    inputs = len(sources)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     if world > 1:
         import torch.distributed as dist
@@ -103,22 +149,30 @@ def _encode(sources: list[Any], source: Path, target: Path, folder: Path, resolu
     codec = load_codec(folder, dtype=dtype).to(resolve_device(device))
     progress = (BarProgress() if interactive() else LineProgress()) if rank == 0 else None
     if progress is not None:
-        shards = -(-inputs // shard_size)
-        mine = sum(min(shard_size, inputs - s * shard_size) for s in range(0, shards, world))
-        progress.start(f"encoding {source} with the {codec.family} codec", total=mine, unit="images")
+        sizes = [shard.size for shard in shards[rank::world]]
+        total = sum(sizes) if all(size is not None for size in sizes) else None  # WebDataset: unknown until read
+        progress.start(f"encoding {source} with the {codec.family} codec", total=total, unit="inputs")
+    destination = Destination(target)
     try:
-        done = encode_folder(codec, sources, target, resolution, shard_size, batch_size, rank, world, strict,
-                             None if progress is None else progress.advance)
+        try:
+            done = encode_shards(codec, shards, destination, resolution, batch_size, rank, world, strict,
+                                 None if progress is None else progress.advance, frames)
+        finally:
+            if progress is not None:
+                progress.finish()
+        if world > 1:
+            dist.barrier()
+        if rank == 0:
+            index = write_index(codec, destination, folder, resolution, len(shards),
+                                frames if codec.family == "wan" else None)
+            out().print(f"wrote {index['samples']} samples in {len(index['shards'])} shard(s) to {target} "
+                        f"({index['skipped']} input(s) skipped; rank 0 wrote {done['written']} shard(s), kept "
+                        f"{done['kept']})", soft_wrap=True)
     finally:
-        if progress is not None:
-            progress.finish()
-    if world > 1:
-        dist.barrier()
-    if rank == 0:
-        index = write_index(codec, target, folder, resolution, inputs, shard_size)
-        out().print(f"wrote {index['samples']} samples in {len(index['shards'])} shard(s) to {target} "
-                    f"({index['skipped']} input(s) skipped; rank 0 wrote {done['written']} shard(s), kept "
-                    f"{done['kept']})", soft_wrap=True)
+        if destination.s3 is not None:  # the scratch folder of the uploads
+            import shutil
+
+            shutil.rmtree(destination.local, ignore_errors=True)
     if world > 1:
         dist.destroy_process_group()
 

@@ -1,4 +1,5 @@
-"""``fastgen eval``: score samples (.npz from ``fastgen sample``) against their data set; a table and JSON."""
+"""``fastgen eval``: score samples (.npz from ``fastgen sample``) against their data set, or text-to-image samples
+(a ``fastgen sample --prompt`` folder: FID and CLIP score); a table and JSON."""
 
 from __future__ import annotations
 
@@ -26,17 +27,25 @@ Examples:
       --ref-stats cifar10_train_stats.npz
 
 \b
+  # text to image: a `fastgen sample --prompt-file` folder, FID against real images and CLIP score
+  fastgen sample runs/dmd2_sd15 --ema --prompt-file coco_prompts.txt --out t2i_samples/
+  fastgen eval t2i_samples/ --ref-stats coco_val_images/ --inception-weights pt_inception.pth \\
+      --clip-model /weights/clip-vit-large-patch14
+
+\b
 Metrics: digits fd_digits (+ accuracy), toy energy_distance + sliced_wasserstein (SW_1, 256 projections),
-cifar10/imagenet fid. The data set is read from the file (fastgen sample records it) or from the shape;
---dataset overrides. --inception-weights defaults to $FASTGEN_INCEPTION_WEIGHTS. Nothing is downloaded.
+cifar10/imagenet fid, text-to-image fid and / or clip_score (100 * the cosine of CLIP's image and text
+embeddings, at least 0, averaged; --clip-model: a local transformers CLIP folder). The data set is read
+from the file (fastgen sample records it) or from the shape; --dataset overrides. --inception-weights defaults to $FASTGEN_INCEPTION_WEIGHTS. Nothing is downloaded.
 """
 
 
 def eval_samples(
-    samples: str = typer.Argument(..., metavar="SAMPLES", help="An .npz of samples (arr_0, optional arr_1), a folder of them, or a run directory (its samples/)."),
+    samples: str = typer.Argument(..., metavar="SAMPLES", help="An .npz of samples (arr_0, optional arr_1), a folder of them, a run directory (its samples/), or a `sample --prompt` folder."),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="digits, toy:<name>, cifar10 or imagenet (default: detected).", show_default=False),
     inception_weights: Optional[str] = typer.Option(None, "--inception-weights", help="FID InceptionV3 state dict (default: $FASTGEN_INCEPTION_WEIGHTS).", show_default=False),
     ref_stats: Optional[str] = typer.Option(None, "--ref-stats", help="FID reference: .npz with mu/sigma, .npz of images, or an image folder.", show_default=False),
+    clip_model: Optional[str] = typer.Option(None, "--clip-model", help="Text-to-image: a local transformers CLIP folder for the CLIP score.", show_default=False),
     seed: int = typer.Option(12345, "--seed", help="Toy data: seed of the reference points and projections."),
     batch_size: int = typer.Option(64, "--batch-size", help="Images per Inception batch (FID)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N (FID)."),
@@ -53,6 +62,13 @@ def eval_samples(
     import time
     from pathlib import Path
 
+    from fastgen.evaluation.text_to_image import is_prompt_samples
+
+    if is_prompt_samples(samples):
+        _eval_prompt_samples(samples, ref_stats, inception_weights, clip_model, batch_size, device, json_path)
+        return
+    if clip_model is not None:
+        raise UsageError("--clip-model scores text-to-image samples: give a `fastgen sample --prompt` folder")
     from fastgen.evaluation.evaluate import detect_dataset, evaluate_arrays, load_sample_files
 
     loaded = load_sample_files(samples)
@@ -83,6 +99,31 @@ def eval_samples(
     elapsed = time.perf_counter() - start
 
     report = {"samples": [str(f) for f in loaded.files], "metrics": metrics, "seconds": round(elapsed, 3)}
+    _table(report)
+    if json_path is not None:
+        from fastgen.utils.io import atomic_write_text
+
+        atomic_write_text(Path(json_path).expanduser(), json.dumps(report, indent=2) + "\n")
+
+
+def _eval_prompt_samples(folder: str, ref_stats: Optional[str], inception_weights: Optional[str],
+                         clip_model: Optional[str], batch_size: int, device: str, json_path: Optional[str]) -> None:
+    import json
+    import time
+    from pathlib import Path
+
+    from fastgen.evaluation.sampling import resolve_device
+    from fastgen.evaluation.text_to_image import SAMPLES_FILE, evaluate_prompt_samples
+
+    if json_path is not None:
+        from fastgen.utils.io import check_writable_dir
+
+        check_writable_dir(Path(json_path).expanduser().resolve().parent)
+    start = time.perf_counter()
+    metrics = evaluate_prompt_samples(folder, ref_stats=ref_stats, inception_weights=inception_weights,
+                                      clip_model=clip_model, batch_size=batch_size, device=str(resolve_device(device)))
+    report = {"samples": [str(Path(folder).expanduser() / SAMPLES_FILE)], "metrics": metrics,
+              "seconds": round(time.perf_counter() - start, 3)}
     _table(report)
     if json_path is not None:
         from fastgen.utils.io import atomic_write_text

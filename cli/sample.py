@@ -1,4 +1,6 @@
-"""``fastgen sample``: draw samples from a checkpoint; write them as an .npz (guided-diffusion convention) and a PNG."""
+"""``fastgen sample``: draw samples from a checkpoint; write them as an .npz (guided-diffusion convention) and a PNG,
+or - with ``--prompt`` - text-to-image / text-to-video samples as PNG / MP4 files, drawn as the model family's
+diffusers pipeline draws them (``fastgen.pipelines.prompts``)."""
 
 from __future__ import annotations
 
@@ -28,17 +30,31 @@ Examples:
   # a distilled student's teacher with 18 Heun steps; only digit 7; on the GPU
   fastgen sample runs/dmd2_digits --teacher --steps 18 --label 7 --device cuda
 
+\b
+  # text to image: a distilled SD / Flux / Wan student from prompts (its codec from model.pretrained_model_path)
+  fastgen sample runs/dmd2_sd15 --prompt "a red fox in the snow" --prompt "a lighthouse at dusk" --seed 7
+  fastgen sample runs/dmd2_sd15 --prompt-file prompts.txt -n 4 --out fox_samples/
+
+\b
+  # its teacher, 25 ODE steps with guidance 5 against a negative prompt
+  fastgen sample runs/dmd2_sd15 --teacher --steps 25 --guidance 5 --prompt "a red fox" --negative-prompt "blurry"
+
 Writes OUT.npz (arr_0: uint8 NHWC images, or float32 (N, 2) points for toy data; arr_1: labels of
 class-conditional models) and OUT.png (a grid of the first 100 images, one class per column, or a scatter plot).
 Default OUT: RUN_DIR/samples/sample_<iteration>_<net>_n<N>_seed<S>. The same --seed gives the same samples.
+
+With --prompt / --prompt-file: OUT is a folder (default RUN_DIR/samples/prompts_<iteration>_<net>_seed<S>) of
+NNNN.png (NNNN.mp4 for videos) and samples.json (file, prompt, seed). Sample i starts from the noise the family's
+diffusers pipeline draws for generator=torch.Generator().manual_seed(SEED + i); -n N: N samples per prompt. A
+pipeline exported with `fastgen convert-ckpt RUN OUT --to diffusers` renders the same files.
 """
 
 
 def sample(
     checkpoint: str = typer.Argument(..., metavar="CKPT", help="A checkpoint .pth, a checkpoints folder or a run directory (newest valid checkpoint), local or s3://; a run directory whose checkpoints are in S3 works as any other."),
-    num_samples: int = typer.Option(100, "-n", "--num-samples", help="How many samples."),
+    num_samples: Optional[int] = typer.Option(None, "-n", "--num-samples", help="How many samples (default 100; with --prompt: per prompt, default 1).", show_default=False),
     seed: int = typer.Option(0, "--seed", help="Seed of the starting noise (sample i uses its own stream)."),
-    batch_size: int = typer.Option(256, "--batch-size", help="Samples per forward batch."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Samples per forward batch (default 256; with --prompt 8).", show_default=False),
     steps: Optional[int] = typer.Option(None, "--steps", help="Sampling steps (default: the method's own).", show_default=False),
     ema: bool = typer.Option(False, "--ema", help="Sample the first EMA network instead of the trained one."),
     teacher: bool = typer.Option(False, "--teacher", help="Sample the method's teacher (distillation methods)."),
@@ -46,6 +62,11 @@ def sample(
     out_path: Optional[str] = typer.Option(None, "--out", "-o", help="Output .npz path (the PNG goes next to it).", show_default=False),
     config: Optional[str] = typer.Option(None, "--config", "-c", help="Config to build the model (default: the run's config.yaml).", show_default=False),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    prompt: Optional[list[str]] = typer.Option(None, "--prompt", "-p", help="Text-to-image / video: a prompt (repeat for more).", show_default=False),
+    prompt_file: Optional[str] = typer.Option(None, "--prompt-file", help="Text-to-image / video: a file of prompts, one per line.", show_default=False),
+    negative_prompt: str = typer.Option("", "--negative-prompt", help="With --guidance: the prompt guided away from."),
+    guidance: Optional[float] = typer.Option(None, "--guidance", help="Classifier-free guidance scale of --teacher / an SFT model (default: the run's model.guidance_scale).", show_default=False),
+    weights: Optional[str] = typer.Option(None, "--weights", help="The diffusers pipeline folder of the VAE and text encoders (default: the run's model.pretrained_model_path).", show_default=False),
     credentials_dir: Optional[str] = typer.Option(None, "--credentials-dir", help="Folder whose s3.json holds S3 credentials (default: the run's credentials_dir, else AWS_* variables).", show_default=False),
     log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
@@ -55,8 +76,17 @@ def sample(
     setup_logging(log_level)
     if ema and teacher:
         raise UsageError("--ema and --teacher exclude each other")
+    prompts = _read_prompts(prompt, prompt_file)
+    if num_samples is None:
+        num_samples = 1 if prompts else 100
+    if batch_size is None:
+        batch_size = 8 if prompts else 256
     if num_samples <= 0 or batch_size <= 0:
         raise UsageError("--num-samples and --batch-size must be positive")
+    if not prompts and (guidance is not None or negative_prompt or weights):
+        raise UsageError("--guidance, --negative-prompt and --weights go with --prompt / --prompt-file")
+    if prompts and label is not None:
+        raise UsageError("--label is for class-conditional models; with --prompt the prompt conditions")
     if steps is not None and steps <= 0:
         raise UsageError("--steps must be positive")
     if seed < 0:
@@ -76,6 +106,10 @@ def sample(
     run = load_run(checkpoint, config=config, device=resolve_device(device), credentials_dir=credentials_dir)
     which = "teacher" if teacher else "ema" if ema else "net"
     net = select_net(run, which)
+    if prompts:
+        _sample_prompts(run, net, which, prompts, num_samples, seed, batch_size, steps, guidance, negative_prompt,
+                        weights, out_path)
+        return
     if out_path is None:
         stem = f"sample_{run.iteration:07d}_{which}{f'_steps{steps}' if steps else ''}_n{num_samples}_seed{seed}"
         target = run.run_dir / "samples" / f"{stem}.npz"
@@ -108,6 +142,71 @@ def sample(
             f"(iteration {run.iteration}, {elapsed:.1f} s)", soft_wrap=True)
     c.print(f"  npz  {escape(str(npz))}", soft_wrap=True)
     c.print(f"  png  {escape(str(png))}", soft_wrap=True)
+
+
+def _read_prompts(prompt: Optional[list[str]], prompt_file: Optional[str]) -> list[str]:
+    from fastgen.utils.errors import UsageError
+
+    prompts = list(prompt or [])
+    if prompt_file is not None:
+        from pathlib import Path
+
+        try:
+            text = Path(prompt_file).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--prompt-file {prompt_file}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+        prompts += [line.strip() for line in text.splitlines() if line.strip()]
+        if not prompts:
+            raise UsageError(f"--prompt-file {prompt_file} holds no prompt")
+    return prompts
+
+
+def _sample_prompts(run, net, which: str, prompts: list[str], per_prompt: int, seed: int, batch_size: int,  # noqa: ANN001
+                    steps: Optional[int], guidance: Optional[float], negative_prompt: str, weights: Optional[str],
+                    out_path: Optional[str]) -> None:
+    """``--prompt`` mode: encode, sample as the family's pipeline does, decode, write PNG / MP4 files."""
+    import time
+    from pathlib import Path
+
+    from fastgen.networks.codecs import load_codec
+    from fastgen.pipelines.prompts import PromptSampler, write_prompt_samples
+    from fastgen.utils.errors import UsageError
+    from fastgen.utils.io import check_writable_dir
+
+    folder = weights or run.config.model.pretrained_model_path
+    if not folder:
+        raise UsageError("--prompt needs the model's diffusers pipeline folder (its VAE and text encoders): the run "
+                         "has no model.pretrained_model_path; pass --weights DIR")
+    device = next(net.parameters()).device
+    codec = load_codec(folder).to(device)
+    sampler = PromptSampler(run.model, net, which, codec, steps=steps, guidance=guidance,
+                            negative_prompt=negative_prompt)
+    expanded = [p for p in prompts for _ in range(per_prompt)]
+    seeds = [seed + i for i in range(len(expanded))]
+    target = (Path(out_path).expanduser() if out_path is not None
+              else run.run_dir / "samples" / f"prompts_{run.iteration:07d}_{which}_seed{seed}")
+    check_writable_dir(target)
+    latent_shape = list(run.config.model.input_shape)
+    start = time.perf_counter()
+    if interactive():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("[bold]sample"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console()) as progress:
+            task = progress.add_task("sample", total=len(expanded))
+            records = write_prompt_samples(sampler, expanded, seeds, target, latent_shape, batch_size,
+                                           progress=lambda k: progress.advance(task, k))
+    else:
+        records = write_prompt_samples(sampler, expanded, seeds, target, latent_shape, batch_size)
+    elapsed = time.perf_counter() - start
+
+    from rich.markup import escape
+
+    c = out()
+    c.print(f"[bold green]sampled[/bold green] {len(records)} from {which} of {escape(str(run.checkpoint))} "
+            f"(iteration {run.iteration}, {codec.family}, {elapsed:.1f} s)", soft_wrap=True)
+    c.print(f"  files  {escape(str(target))} ({records[0]['file']} .. {records[-1]['file']}, samples.json)",
+            soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

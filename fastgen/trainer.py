@@ -441,10 +441,27 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def _adopt_data_latent_shape(self) -> None:
+        """A latent model (a diffusers-backed network) trained on ``encode-data`` shards samples at the shards'
+        latent shape (their ``index.json``), not the recipe's default; ``config.yaml`` records it."""
+        from fastgen.datasets.encode import latent_shape_of
+        from fastgen.networks.diffusers_nets import diffusers_backbone_class
+
+        model_config = self.config.model
+        loader = self.config.dataloader_train
+        if diffusers_backbone_class(model_config.net) is None or loader is None:
+            return
+        shape = latent_shape_of(getattr(loader, "datatags", None))
+        if shape is not None and list(model_config.input_shape) != shape:
+            logger.info("model.input_shape: %s, the latents' shape in the training data (the config said %s)", shape,
+                        list(model_config.input_shape))
+            model_config.input_shape = shape
+
     def _build_model(self, fresh: bool) -> Any:
         """Build the method with the shared seed; on a fresh run load its initial weights (teacher, student init,
         ``pretrained_ckpt_path``) while the networks are still whole; then replicate or shard them
         (``fastgen.distributed.parallelize``). With ``model.meta_init`` see ``_build_on_meta``."""
+        self._adopt_data_latent_shape()
         if self.config.model.meta_init:
             model = self._build_on_meta(fresh)
         else:
@@ -608,7 +625,7 @@ class Trainer:
             for accum_iter in range(rounds):
                 if distributed:  # reduce gradients once per step, of the modules that step
                     set_gradient_sync(model, self.stepping, final_round=accum_iter == rounds - 1)
-                data = _to_device(next(loader), device)
+                data = model.encode_batch(_to_device(next(loader), device))
                 cb.on_training_accum_step_begin(model, data, iteration=iteration, accum_iter=accum_iter)
                 with model.bind_batch(data, iteration, seed=cfg.seed), self._autocast():
                     loss_dict, outputs = model.single_train_step(data, iteration)
@@ -677,7 +694,7 @@ class Trainer:
         steps = self.config.trainer.max_val_iter
         try:
             for _ in range(steps):
-                data = _to_device(next(self.dataloader_val), self.device)
+                data = model.encode_batch(_to_device(next(self.dataloader_val), self.device))
                 cb.on_validation_step_begin(model, data, iteration=self.iteration)
                 with model.bind_batch(data, self.iteration, seed=self.config.trainer.seed, stream="val"), self._autocast():
                     loss_dict = model.validation_step(data, self.iteration)

@@ -508,3 +508,21 @@ def finish_rank(out_dir: str, rank: int, result: Any) -> None:
     shutdown_gloo()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     exit_rank()
+
+
+def run_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``fastgen ARGS`` in this process (``fastgen.cli.main.main``, what the console script calls), its output
+    captured: the same code path and exit codes as ``run_cli`` without paying torch's import for every call."""
+    import contextlib
+    import io
+
+    from fastgen.cli.main import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return subprocess.CompletedProcess(["fastgen", *args], code, stdout.getvalue(), stderr.getvalue())

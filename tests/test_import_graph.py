@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fastgen.distributed", "fastgen.checkpoint"),
     ("fastgen.networks", "fastgen.datasets"),
     ("fastgen.methods",),
-    ("fastgen.callbacks", "fastgen.profiling", "fastgen.evaluation"),
+    ("fastgen.callbacks", "fastgen.profiling", "fastgen.evaluation", "fastgen.pipelines"),
     ("fastgen.trainer",),
     ("fastgen.configs",),
     ("fastgen.cli", "fastgen.templates"),

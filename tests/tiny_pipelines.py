@@ -45,3 +45,31 @@ def tiny_sd_pipeline() -> StableDiffusionPipeline:
                                   norm_num_groups=8, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
                                   up_block_types=("UpBlock2D", "CrossAttnUpBlock2D")),
         scheduler=DDIMScheduler(), safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+
+
+def tiny_family_pipeline(family: str, network: Any) -> Any:
+    """A pipeline of ``family`` (sd, flux, wan) around ``network`` (the diffusers model of a fastgen network built
+    from ``fastgen.configs.net_diffusers``' ``TINY_*`` configs): one latent channel, 16x16 pixels -> 8x8 latents,
+    text encoders as wide as the network's text input (16; Flux's pooled 8)."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, FluxPipeline, WanPipeline
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
+
+    if family == "sd":
+        return StableDiffusionPipeline(vae=tiny_vae(1), text_encoder=clip_encoder(16), tokenizer=clip_tokenizer(),
+                                       unet=network, scheduler=DDIMScheduler(), safety_checker=None,
+                                       feature_extractor=None, requires_safety_checker=False)
+    if family == "flux":
+        t5 = T5EncoderModel(T5Config(vocab_size=30, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+                                     decoder_start_token_id=0)).eval()
+        return FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), transformer=network,
+                            vae=tiny_vae(1, shift_factor=0.1159, scaling_factor=0.3611),
+                            text_encoder=clip_encoder(8), tokenizer=clip_tokenizer(), text_encoder_2=t5,
+                            tokenizer_2=t5_tokenizer())
+    if family == "wan":
+        vae = AutoencoderKLWan(base_dim=8, z_dim=1, dim_mult=[1, 1], num_res_blocks=1, temperal_downsample=[True],
+                               latents_mean=[0.1], latents_std=[1.5]).eval()
+        umt5 = UMT5EncoderModel(UMT5Config(vocab_size=30, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                           num_heads=2)).eval()
+        return WanPipeline(tokenizer=t5_tokenizer(), text_encoder=umt5, vae=vae, transformer=network,
+                           scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+    raise ValueError(family)

@@ -21,6 +21,10 @@ Logged keys (all at ``step=iteration``, the number of completed optimizer steps)
   and ``iter_XXXXXXX_<k>.wav``;
 * ``<module>/<key>`` media - whatever the log modules return (see ``fastgen.callbacks.log_modules.base``).
 
+A latent model's samples (a diffusers-backed network: SD, Flux, Wan) are decoded to pixels by its family's VAE,
+read from ``model.pretrained_model_path`` at the first samples (``fastgen.networks.codecs``; no text encoder):
+W&B shows images and videos, never raw latents - without a VAE there, samples are not logged (said once).
+
 Samples come from the model's sampling network - the first EMA network when ``model.use_ema`` is set. EMA
 callbacks update the EMA in ``on_training_step_end``, so to make "the samples of iteration k use the EMA after
 update k" hold whatever the callback order, this callback does not sample (or flush scalars) inside its own
@@ -165,6 +169,7 @@ class WandbCallback(Callback):
         self._last_sample_iter = -1
         self._modules_closed = False
         self._tmp: tempfile.TemporaryDirectory | None = None
+        self._vae: Any = None  # a latent model's VAE (a codec without text encoders), loaded at the first samples
 
     # ---- setup / teardown ----------------------------------------------------------------------------------
     def on_train_begin(self, model: Any, iteration: int = 0) -> None:
@@ -313,7 +318,10 @@ class WandbCallback(Callback):
             return []
         generator = torch.Generator().manual_seed(self.sample_seed + rank)
         samples, labels = model.sample(count, generator=generator)
-        samples = samples.detach().float().cpu()
+        samples = self._viewable(model, samples.detach())
+        if samples is None:
+            return []
+        samples = samples.float().cpu()
         kind = media_kind(samples, self.media)
         label_list = labels.tolist() if labels is not None else [None] * count
         metadata = self._sample_metadata
@@ -332,6 +340,30 @@ class WandbCallback(Callback):
                 metadata=meta,
             ))
         return entries
+
+    def _viewable(self, model: Any, samples: torch.Tensor) -> torch.Tensor | None:
+        """Samples as pixels: a latent model's (a diffusers-backed network) decoded by its family's VAE from
+        ``model.pretrained_model_path`` - never raw latents; None when that folder has no VAE to decode with
+        (said once). Other models' samples as they are."""
+        from fastgen.networks.diffusers_nets import DiffusersBackbone
+
+        if not isinstance(getattr(model.net, "backbone", None), DiffusersBackbone):
+            return samples
+        if self._vae is None:
+            from fastgen.networks.codecs import load_codec
+            from fastgen.utils.errors import UsageError
+
+            folder = getattr(model.config, "pretrained_model_path", None)
+            try:
+                if not folder:
+                    raise UsageError("model.pretrained_model_path is not set")
+                self._vae = load_codec(folder, text=False).to(samples.device)
+            except UsageError as exc:
+                logger.warning("W&B samples of this latent model are not logged: no VAE to decode them (%s)", exc)
+                self._vae = False
+        if self._vae is False:
+            return None
+        return self._vae.decode_latents(samples).clamp(-1, 1)
 
     def _log_samples(self, model: Any, iteration: int) -> None:
         if self.num_samples <= 0:

@@ -675,7 +675,7 @@ class Destination:
 def format_for(dst: str, to: str | None) -> str:
     """``to``, or the format DST's suffix implies (a folder or ``.dcp`` -> dcp); ``UsageError`` for a conflict."""
     if to is not None and to not in FORMATS:
-        raise UsageError(f"--to {to}: expected one of {', '.join(FORMATS)}")
+        raise UsageError(f"--to {to}: expected one of {', '.join(FORMATS)} or diffusers")
     folder_like = dst.endswith("/") or (not _is_s3(dst) and Path(dst).expanduser().is_dir())
     suffix = "" if folder_like else Path(dst.rsplit("/", 1)[-1]).suffix.lower()
     if suffix and suffix not in _SUFFIX_FORMAT:

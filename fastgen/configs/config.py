@@ -176,6 +176,9 @@ class BaseModelConfig(StrictConfig):
     torch_compile_mode: Optional[str] = None
     pretrained_model_path: Optional[str] = None
     net_adapter: Optional[DictConfig] = None  # LoRA: LazyCall of fastgen.utils.lora_utils.LoRAAdapter
+    # Latent models: batches hold pixels ("real", 3 channels in [-1, 1]) and / or caption strings ("condition"),
+    # encoded each step by the pretrained_model_path folder's VAE and text encoders (fastgen.networks.codecs)
+    encode_batches: bool = False
 
     @property
     def ema_names(self) -> list[str]:

@@ -1,27 +1,37 @@
-"""``fastgen encode-data``: captioned images -> WebDataset shards of latents and text embeddings, through a family's
-codec (``fastgen.networks.codecs``), ready for the latent recipes' loaders (``fields={"real": "latent.npy",
-"condition": "text.npy"}``).
+"""``fastgen encode-data``: captioned images or videos -> WebDataset shards of latents and text embeddings, through
+a family's codec (``fastgen.networks.codecs``), ready for the latent recipes' loaders (``fields={"real":
+"latent.npy", "condition": "text.npy"}``).
 
-**Source.** A folder of images (``png jpg jpeg webp bmp``, found recursively, sorted by relative path) each with a
-same-name ``.txt`` caption beside it. Input ``i`` (in that order) belongs to shard ``i // shard_size``, whatever
-happens to the inputs before it - so shards are stable across re-runs and ranks. An image that cannot be read, or
-has no caption, is skipped and counted (``strict``: an error naming it).
+**Sources.** (a) A folder of images (``png jpg jpeg webp bmp``) or videos (``mp4 webm mov mkv``), found
+recursively and sorted by relative path, each with a same-name ``.txt`` caption beside it: input ``i`` belongs to
+output shard ``i // shard_size``, whatever happens to the inputs before it. (b) WebDataset shards - a local folder
+of ``.tar`` files or an ``s3://`` prefix - whose samples hold a ``png jpg jpeg webp mp4 webm`` member and a ``txt``
+caption: input shard ``k`` (sorted) becomes output shard ``k``. Either way shards are stable across re-runs and
+ranks. An input that cannot be read, has no caption, is a video for an image family's codec, or is shorter than
+the frames asked for is skipped and counted (``strict``: an error naming it).
 
-**Shards** (``DST/shard-NNNNNN.tar``; the WebDataset convention: members ``KEY.FIELD``, ``KEY`` the input's index
-as 9 digits):
+**Pictures.** Each image, and each frame of a video, is centre-cropped to a square and resized to ``resolution``
+with Lanczos (EDM's ``center-crop`` transform). A video gives ``Frames.count`` frames, every ``stride``-th from
+the first (Wan's VAE wants ``4 k + 1``).
 
-* ``latent.npy`` - float32 ``(C, h, w)`` (Wan: ``(C, 1, h, w)``): the codec's normalised latent of the image,
-  centre-cropped to a square and resized to ``resolution`` with Lanczos (EDM's ``center-crop`` transform);
+**Shards** (``DST/shard-NNNNNN.tar``; the WebDataset convention: members ``KEY.FIELD``, ``KEY`` the input's index as
+9 digits, or ``KKKKKK_JJJJJJ`` - input shard and position - for WebDataset sources):
+
+* ``latent.npy`` - float32 ``(C, h, w)`` (Wan: ``(C, f, h, w)``; an image is one frame): the codec's normalised
+  latent;
 * ``text.npy`` - float32: the network's ``condition`` (``Codec.condition``: the text embeddings; Flux's packs the
   pooled vector in row 0); extras by family: ``pooled.npy`` (Flux), ``text_mask.npy`` (Wan; int64);
-* ``txt`` - the caption; ``json`` - ``{"source": relative path, "size": [w, h], "crop": [left, top, side]}``.
+* ``txt`` - the caption; ``json`` - ``{"source", "size": [w, h], "crop": [left, top, side]}`` (videos also
+  ``"frames": [first, stride, count]`` and ``"fps"``).
 
 Beside them: ``shard-NNNNNN.json`` (written after its tar: the shard is complete; ``samples`` and ``skipped`` with
 reasons), ``empty_prompt.npz`` (the empty prompt's fields once, for guidance and condition dropout) and
-``index.json`` (the format, the weights folder, the family, the latent normalisation, the fields, every shard's
-count and the totals). **Resume:** a shard whose ``.json`` exists is kept; the others are written again (each tar
-atomically), so a killed run re-run ends with every sample exactly once. **Ranks:** rank ``r`` of ``W`` writes shards
-``r, r + W, ...`` (never interleaved); rank 0 writes the index after every rank is done.
+``index.json`` (the format, the weights folder, the family, the resolution, the latent shape, the frames, the latent
+normalisation, the fields, every shard's count and the totals). **Resume:** a shard whose ``.json`` exists is kept;
+the others are written again (each tar atomically), so a killed run re-run ends with every sample exactly once.
+**S3:** DST may be an ``s3://`` prefix: each file is written locally, uploaded (a tar before its sidecar) and
+removed. **Ranks:** rank ``r`` of ``W`` writes shards ``r, r + W, ...`` (never interleaved); rank 0 writes the index after
+every rank is done.
 """
 
 from __future__ import annotations
@@ -45,48 +55,178 @@ logger = get_logger(__name__)
 
 FORMAT = "fastgen-latents"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv")
+# WebDataset members an input sample's picture or video may be in, in the order they are looked for
+MEDIA_EXTENSIONS = ("png", "jpg", "jpeg", "webp", "mp4", "webm")
 
 
 @dataclass(frozen=True)
 class Source:
+    """One input: a local file (``image``; its caption in the same-name ``.txt``) or a WebDataset member's bytes
+    (``data`` with its ``suffix``; the caption from the sample's ``txt``). ``key``: its shard member key."""
+
     index: int
-    image: Path
+    image: Path | None
     relative: str
+    data: bytes | None = None
+    suffix: str = ""
+    caption: str | None = None
+    key: str = ""
+
+    @property
+    def media_suffix(self) -> str:
+        return (self.image.suffix if self.image is not None else self.suffix).lower()
+
+    @property
+    def member_key(self) -> str:
+        return self.key or f"{self.index:09d}"
+
+
+@dataclass(frozen=True)
+class Frames:
+    """How a video input becomes frames: ``count`` frames, every ``stride``-th from the first."""
+
+    count: int = 17
+    stride: int = 1
+
+
+@dataclass
+class ShardInput:
+    """What output shard ``number`` is made of: ``load()`` gives its sources; ``size`` their count when known
+    before reading (a folder's slice), else None (a WebDataset shard)."""
+
+    number: int
+    load: Callable[[], list[Source]]
+    size: int | None
 
 
 def captioned_images(folder: Path) -> list[Source]:
-    """Every image below ``folder``, sorted by relative path, with its index (captions are checked when read)."""
+    """Every image or video below ``folder``, sorted by relative path, with its index (captions are checked when
+    read)."""
     if not folder.is_dir():
-        raise UsageError(f"{folder}: no such folder (encode-data reads a folder of images with .txt captions)")
-    images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        raise UsageError(f"{folder}: no such folder (encode-data reads a folder of images or videos with .txt "
+                         "captions, or WebDataset shards)")
+    suffixes = IMAGE_SUFFIXES + VIDEO_SUFFIXES
+    images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in suffixes and p.is_file())
     if not images:
-        raise UsageError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+        raise UsageError(f"{folder} holds no images or videos ({', '.join(suffixes)})")
     return [Source(i, path, path.relative_to(folder).as_posix()) for i, path in enumerate(images)]
+
+
+def folder_shards(sources: list[Source], shard_size: int) -> list[ShardInput]:
+    """Input ``i`` of a folder belongs to output shard ``i // shard_size``: stable across re-runs and ranks."""
+    return [ShardInput(k, (lambda k=k: sources[k * shard_size:(k + 1) * shard_size]),
+                       len(sources[k * shard_size:(k + 1) * shard_size]))
+            for k in range(-(-len(sources) // shard_size))]
+
+
+def is_webdataset_source(src: str) -> bool:
+    """``s3://...`` or a local ``.tar`` file or folder holding ``.tar`` shards (and no loose images)."""
+    if "://" in src:
+        return True
+    path = Path(src).expanduser()
+    if path.is_file():
+        return path.suffix == ".tar"
+    return path.is_dir() and any(path.glob("*.tar"))
+
+
+def webdataset_shards(src: str) -> list[ShardInput]:
+    """Input shard ``k`` of WebDataset shards ``src`` (local or ``s3://``; sorted) becomes output shard ``k``;
+    its samples keep their order, keyed ``KKKKKK_JJJJJJ`` (shard, position)."""
+    from fastgen.datasets.webdataset import list_shards
+
+    urls = list_shards([src])
+
+    def load(k: int, url: str) -> list[Source]:
+        from fastgen.datasets.webdataset import read_samples
+
+        sources = []
+        for j, sample in enumerate(read_samples(url)):
+            media = next((e for e in MEDIA_EXTENSIONS if e in sample.fields), None)
+            caption = sample.fields.get("txt")
+            sources.append(Source(
+                index=j, image=None, relative=f"{url.rsplit('/', 1)[-1]}:{sample.key}",
+                data=None if media is None else sample.fields[media], suffix="" if media is None else f".{media}",
+                caption=None if caption is None else caption.decode("utf-8", errors="replace"),
+                key=f"{k:06d}_{j:06d}"))
+        return sources
+
+    return [ShardInput(k, (lambda k=k, url=url: load(k, url)), None) for k, url in enumerate(urls)]
 
 
 def shard_name(shard: int) -> str:
     return f"shard-{shard:06d}"
 
 
-def _read(source: Source, resolution: int) -> tuple[np.ndarray, str, dict[str, Any]]:
-    """``(uint8 (R, R, 3) pixels, caption, json)``; ``ValueError`` saying why when the input cannot be used."""
+def _video_frames(source: Source, resolution: int, frames: Frames) -> tuple[np.ndarray, dict[str, Any]]:
+    """``(F, R, R, 3)`` uint8: ``frames.count`` frames, every ``frames.stride``-th, each centre-cropped and resized."""
+    import av
+
+    from fastgen.datasets.sources import center_crop_resize_array
+
+    wanted = (frames.count - 1) * frames.stride + 1
+    picked: list[np.ndarray] = []
+    opened = av.open(str(source.image) if source.image is not None else io.BytesIO(source.data or b""))
+    with opened as container:
+        stream = container.streams.video[0]
+        fps = float(stream.average_rate) if stream.average_rate else None
+        size = [stream.codec_context.width, stream.codec_context.height]
+        for n, frame in enumerate(container.decode(video=0)):
+            if n >= wanted:
+                break
+            if n % frames.stride == 0:
+                picked.append(center_crop_resize_array(frame.to_ndarray(format="rgb24"), resolution))
+    if len(picked) < frames.count:
+        raise ValueError(f"{source.relative}: {len(picked)} frames at stride {frames.stride}; --frames asks for "
+                         f"{frames.count}")
+    side = min(size)
+    meta = {"source": source.relative, "size": size, "crop": [(size[0] - side) // 2, (size[1] - side) // 2, side],
+            "frames": [0, frames.stride, frames.count], "fps": fps}
+    return np.stack(picked), meta
+
+
+def _read(source: Source, resolution: int, frames: Frames | None = None,
+          video: bool = False) -> tuple[np.ndarray, str, dict[str, Any]]:
+    """``(uint8 (R, R, 3) pixels or (F, R, R, 3) frames, caption, json)``; ``ValueError`` saying why when the
+    input cannot be used. ``video``: whether the codec encodes videos (an image family's codec skips them)."""
     import PIL.Image
 
     from fastgen.datasets.download import DownloadError
     from fastgen.datasets.sources import center_crop_resize
 
-    caption_file = source.image.with_suffix(".txt")
-    if not caption_file.is_file():
-        raise ValueError(f"{source.relative}: no caption ({caption_file.name})")
+    if source.image is not None:
+        caption_file = source.image.with_suffix(".txt")
+        if not caption_file.is_file():
+            raise ValueError(f"{source.relative}: no caption ({caption_file.name})")
+        caption = caption_file.read_text(encoding="utf-8").strip()
+    else:
+        if source.data is None:
+            raise ValueError(f"{source.relative}: no image or video member ({', '.join(MEDIA_EXTENSIONS)})")
+        if source.caption is None:
+            raise ValueError(f"{source.relative}: no caption (txt member)")
+        caption = source.caption.strip()
+    if source.media_suffix in VIDEO_SUFFIXES:
+        if not video:
+            raise ValueError(f"{source.relative}: a video; this family's codec encodes images")
+        try:
+            pixels, meta = _video_frames(source, resolution, frames or Frames())
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, ValueError) and "--frames" in str(exc):
+                raise
+            raise ValueError(f"{source.relative}: cannot read the video ({str(exc).splitlines()[0]})") from None
+        return pixels, caption, meta
+    where = source.image if source.image is not None else io.BytesIO(source.data or b"")
     try:
-        with PIL.Image.open(source.image) as image:
+        with PIL.Image.open(where) as image:
             width, height = image.size
-        pixels = center_crop_resize(source.image, resolution)
+        if not isinstance(where, Path):
+            where.seek(0)
+        pixels = center_crop_resize(where, resolution)
     except (OSError, DownloadError, PIL.UnidentifiedImageError) as exc:
         raise ValueError(f"{source.relative}: cannot read the image ({str(exc).splitlines()[0]})") from None
     side = min(width, height)
     meta = {"source": source.relative, "size": [width, height], "crop": [(width - side) // 2, (height - side) // 2, side]}
-    return pixels, caption_file.read_text(encoding="utf-8").strip(), meta
+    return pixels, caption, meta
 
 
 def _npy(array: np.ndarray) -> bytes:
@@ -112,26 +252,38 @@ def _fields(codec: Any, encoded: dict[str, torch.Tensor]) -> dict[str, np.ndarra
 
 
 def encode_shard(codec: Any, sources: list[Source], path: Path, resolution: int, batch_size: int,
-                 strict: bool = False, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Write one shard (atomically) and return its summary ``{"samples", "skipped"}``."""
+                 strict: bool = False, progress: Callable[[int], None] | None = None,
+                 frames: Frames | None = None) -> dict[str, Any]:
+    """Write one shard (atomically) and return its summary ``{"samples", "skipped"}``. Consecutive inputs of the
+    same shape (images; videos of ``frames``) are encoded together, up to ``batch_size``."""
+    video = getattr(codec, "family", "") == "wan"
     readable, skipped = [], []
     for source in sources:
         try:
-            readable.append((source, *_read(source, resolution)))
+            readable.append((source, *_read(source, resolution, frames, video)))
         except ValueError as exc:
             if strict:
                 raise UsageError(f"encode-data --strict: {exc}") from None
             skipped.append(str(exc))
             if progress is not None:
                 progress(1)
+    batches: list[list[Any]] = []
+    for item in readable:
+        if batches and len(batches[-1]) < batch_size and batches[-1][0][1].shape == item[1].shape:
+            batches[-1].append(item)
+        else:
+            batches.append([item])
+    shape_seen: list[int] | None = None
     with atomic_open(path, "wb") as handle, tarfile.open(fileobj=handle, mode="w") as tar:
-        for start in range(0, len(readable), batch_size):
-            batch = readable[start:start + batch_size]
-            pixels = torch.from_numpy(np.stack([b[1] for b in batch])).permute(0, 3, 1, 2).float() / 127.5 - 1
+        for batch in batches:
+            pixels = torch.from_numpy(np.stack([b[1] for b in batch])).float() / 127.5 - 1
+            # (B, R, R, 3) images -> (B, 3, R, R); (B, F, R, R, 3) videos -> (B, 3, F, R, R)
+            pixels = pixels.permute(0, 3, 1, 2) if pixels.dim() == 4 else pixels.permute(0, 4, 1, 2, 3)
             latents = codec.encode_images(pixels).float().cpu().numpy()
+            shape_seen = shape_seen or list(latents.shape[1:])
             texts = _fields(codec, codec.encode_prompts([b[2] for b in batch]))
             for row, (source, _, caption, meta) in enumerate(batch):
-                key = f"{source.index:09d}"
+                key = source.member_key
                 _add(tar, f"{key}.latent.npy", _npy(latents[row]))
                 for field, values in texts.items():
                     _add(tar, f"{key}.{field}.npy", _npy(values[row]))
@@ -139,7 +291,7 @@ def encode_shard(codec: Any, sources: list[Source], path: Path, resolution: int,
                 _add(tar, f"{key}.json", json.dumps(meta).encode("utf-8"))
             if progress is not None:
                 progress(len(batch))
-    return {"samples": len(readable), "skipped": skipped}
+    return {"samples": len(readable), "skipped": skipped, "latent_shape": shape_seen}
 
 
 def check_sizes(resolution: int, shard_size: int, batch_size: int) -> None:
@@ -147,50 +299,143 @@ def check_sizes(resolution: int, shard_size: int, batch_size: int) -> None:
         raise UsageError("--resolution must be at least 8, --shard-size and --batch-size at least 1")
 
 
-def encode_folder(codec: Any, sources: list[Source], dst: Path, resolution: int, shard_size: int = 1000,
-                  batch_size: int = 8, rank: int = 0, world: int = 1, strict: bool = False,
-                  progress: Callable[[int], None] | None = None) -> dict[str, int]:
-    """This rank's shards of ``sources`` (``captioned_images(src)``) into ``dst`` (module docstring); the ones
-    already complete are kept. Returns ``{"shards", "written", "kept"}`` for this rank."""
-    check_sizes(resolution, shard_size, batch_size)
-    dst.mkdir(parents=True, exist_ok=True)
-    shards = range(rank, -(-len(sources) // shard_size), world)
+class Destination:
+    """Where the shards go: a local folder, or an ``s3://`` prefix - each file is then written in a local scratch
+    folder, uploaded (a tar before its ``.json``, so a sidecar in S3 still means a complete shard) and removed."""
+
+    def __init__(self, dst: str | Path, scratch: Path | None = None) -> None:
+        from fastgen.checkpoint.s3 import S3Location, is_s3_url
+
+        self.s3 = S3Location.parse(str(dst)) if is_s3_url(str(dst)) else None
+        if self.s3 is None:
+            self.local = Path(dst).expanduser()
+        else:
+            import tempfile
+
+            self.local = scratch if scratch is not None else Path(tempfile.mkdtemp(prefix="fastgen-encode-"))
+        self.local.mkdir(parents=True, exist_ok=True)
+        self.description = str(dst)
+
+    def _storage(self) -> Any:
+        from fastgen.datasets.webdataset import _storage
+
+        return _storage()
+
+    def has(self, name: str) -> bool:
+        if self.s3 is None:
+            return (self.local / name).is_file()
+        return self._storage().exists(self.s3.child(name))
+
+    def read_text(self, name: str) -> str:
+        if self.s3 is None:
+            return (self.local / name).read_text()
+        return self._storage().read_bytes(self.s3.child(name)).decode()
+
+    def publish(self, name: str) -> None:
+        """The local file ``name`` is final: S3 gets it and the scratch copy goes."""
+        if self.s3 is not None:
+            self._storage().upload_file(self.local / name, self.s3.child(name))
+            (self.local / name).unlink()
+
+
+def encode_shards(codec: Any, shards: list[ShardInput], dst: Path | Destination, resolution: int, batch_size: int = 8,
+                  rank: int = 0, world: int = 1, strict: bool = False, progress: Callable[[int], None] | None = None,
+                  frames: Frames | None = None) -> dict[str, int]:
+    """This rank's output shards (``r, r + W, ...`` of ``shards``) into ``dst`` (module docstring); the ones already
+    complete are kept. ``progress`` counts inputs. Returns ``{"shards", "written", "kept"}`` for this rank."""
+    where = dst if isinstance(dst, Destination) else Destination(dst)
+    mine = shards[rank::world]
     written = kept = 0
-    for shard in shards:
-        summary_file = dst / f"{shard_name(shard)}.json"
-        members = sources[shard * shard_size:(shard + 1) * shard_size]
-        if summary_file.is_file():
+    for shard in mine:
+        name = shard_name(shard.number)
+        if where.has(f"{name}.json"):
             kept += 1
             if progress is not None:
-                progress(len(members))
+                progress(shard.size if shard.size is not None else json.loads(where.read_text(f"{name}.json"))["samples"])
             continue
-        summary = encode_shard(codec, members, dst / f"{shard_name(shard)}.tar", resolution, batch_size, strict,
-                               progress)
-        atomic_write_text(summary_file, json.dumps(summary, indent=1))
+        summary = encode_shard(codec, shard.load(), where.local / f"{name}.tar", resolution, batch_size, strict,
+                               progress, frames)
+        where.publish(f"{name}.tar")
+        atomic_write_text(where.local / f"{name}.json", json.dumps(summary, indent=1))
+        where.publish(f"{name}.json")
         written += 1
-    return {"shards": len(shards), "written": written, "kept": kept}
+    return {"shards": len(mine), "written": written, "kept": kept}
 
 
-def write_index(codec: Any, dst: Path, weights: Path, resolution: int, total_inputs: int, shard_size: int) -> dict[str, Any]:
+def encode_folder(codec: Any, sources: list[Source], dst: Path, resolution: int, shard_size: int = 1000,
+                  batch_size: int = 8, rank: int = 0, world: int = 1, strict: bool = False,
+                  progress: Callable[[int], None] | None = None, frames: Frames | None = None) -> dict[str, int]:
+    """``encode_shards`` of a folder's ``sources`` (``captioned_images(src)``), ``shard_size`` inputs a shard."""
+    check_sizes(resolution, shard_size, batch_size)
+    return encode_shards(codec, folder_shards(sources, shard_size), dst, resolution, batch_size, rank, world, strict,
+                         progress, frames)
+
+
+def _first_latent_shape(dst: Path, shards: list[dict[str, Any]]) -> list[int] | None:
+    """The shape of the first sample's ``latent.npy`` (every sample of a data set has the same)."""
+    for shard in shards:
+        if shard["samples"]:
+            with tarfile.open(dst / shard["name"]) as tar:
+                for member in tar:
+                    if member.name.endswith(".latent.npy"):
+                        handle = tar.extractfile(member)
+                        assert handle is not None
+                        return list(np.load(io.BytesIO(handle.read()), allow_pickle=False).shape)
+    return None
+
+
+def latent_shape_of(datatags: Any) -> list[int] | None:
+    """The latent shape ``encode-data`` recorded in the ``index.json`` of a loader's local ``WDS:`` folders (None
+    when none has one; S3 folders are not read here). Folders that disagree are a one-line error."""
+    shapes = {}
+    for tag in [datatags] if isinstance(datatags, str) else list(datatags or []):
+        folder = str(tag).removeprefix("WDS:")
+        index_file = Path(folder).expanduser() / "index.json"
+        if "://" in folder or not index_file.is_file():
+            continue
+        try:
+            index = json.loads(index_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(index, dict) and index.get("format") == FORMAT and index.get("latent_shape"):
+            shapes[folder] = [int(x) for x in index["latent_shape"]]
+    if len({tuple(shape) for shape in shapes.values()}) > 1:
+        found = "; ".join(f"{folder}: {shape}" for folder, shape in shapes.items())
+        raise UsageError(f"the data folders hold latents of different shapes ({found})")
+    return next(iter(shapes.values()), None)
+
+
+def write_index(codec: Any, dst: Path | Destination, weights: Path, resolution: int, num_shards: int,
+                frames: Frames | None = None) -> dict[str, Any]:
     """``empty_prompt.npz`` and ``index.json`` (rank 0, after every shard is complete)."""
-    shards = []
-    for shard in range(-(-total_inputs // shard_size)):
-        summary = json.loads((dst / f"{shard_name(shard)}.json").read_text())
+    where = dst if isinstance(dst, Destination) else Destination(dst)
+    shards, shapes = [], []
+    for shard in range(num_shards):
+        summary = json.loads(where.read_text(f"{shard_name(shard)}.json"))
         shards.append({"name": f"{shard_name(shard)}.tar", "samples": summary["samples"],
                        "skipped": len(summary["skipped"])})
+        shapes.append(summary.get("latent_shape"))
+    latent_shape = next((shape for shape in shapes if shape), None)
+    if latent_shape is None and where.s3 is None:  # sidecars of an earlier version: read a tar
+        latent_shape = _first_latent_shape(where.local, shards)
     empty = _fields(codec, codec.encode_prompts([""]))
-    with atomic_open(dst / "empty_prompt.npz", "wb") as handle:
+    with atomic_open(where.local / "empty_prompt.npz", "wb") as handle:
         np.savez(handle, **{name: values[0] for name, values in empty.items()})
+    where.publish("empty_prompt.npz")
     vae = codec.vae.config
     normalisation = {key: vae[key] for key in ("scaling_factor", "shift_factor", "latents_mean", "latents_std")
                      if key in vae and vae[key] is not None}
     index = {"format": FORMAT, "version": 1, "family": codec.family, "weights": str(weights),
-             "resolution": resolution, "normalisation": normalisation, "fields": ["latent", *empty, "txt", "json"],
+             "resolution": resolution, "latent_shape": latent_shape,
+             "frames": None if frames is None else {"count": frames.count, "stride": frames.stride},
+             "normalisation": normalisation, "fields": ["latent", *empty, "txt", "json"],
              "samples": sum(s["samples"] for s in shards), "skipped": sum(s["skipped"] for s in shards),
              "shards": shards}
-    atomic_write_text(dst / "index.json", json.dumps(index, indent=1))
+    atomic_write_text(where.local / "index.json", json.dumps(index, indent=1))
+    where.publish("index.json")
     return index
 
 
-__all__ = ["FORMAT", "Source", "captioned_images", "check_sizes", "encode_folder", "encode_shard", "shard_name",
-           "write_index"]
+__all__ = ["FORMAT", "Destination", "Frames", "ShardInput", "Source", "captioned_images", "check_sizes", "encode_folder",
+           "encode_shard", "encode_shards", "folder_shards", "is_webdataset_source", "latent_shape_of", "shard_name",
+           "webdataset_shards", "write_index"]

@@ -29,7 +29,7 @@ import struct
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastgen.datasets.download import DownloadError
 from fastgen.utils.errors import UsageError
@@ -174,8 +174,9 @@ def imagenet_files(source: Path) -> tuple[list[tuple[Path, int]], list[str]]:
     return files, synsets
 
 
-def center_crop_resize(path: Path, resolution: int) -> np.ndarray:
-    """EDM's ``--transform=center-crop`` (see the module docstring): ``(resolution, resolution, 3)`` uint8."""
+def center_crop_resize(path: Path | Any, resolution: int) -> np.ndarray:
+    """EDM's ``--transform=center-crop`` (see the module docstring) of an image file (a path or a binary file
+    object): ``(resolution, resolution, 3)`` uint8."""
     import numpy as np
     import PIL.Image
 
@@ -184,10 +185,19 @@ def center_crop_resize(path: Path, resolution: int) -> np.ndarray:
             array = np.asarray(image.convert("RGB"))
     except (OSError, ValueError) as exc:
         raise DownloadError(f"cannot decode {path}: {exc}") from None
+    return center_crop_resize_array(array, resolution)
+
+
+def center_crop_resize_array(array: np.ndarray, resolution: int) -> np.ndarray:
+    """The largest centred square of an ``(H, W, 3)`` uint8 array, resized to ``resolution`` with Lanczos."""
+    import numpy as np
+    import PIL.Image
+
     height, width = array.shape[:2]
     crop = min(height, width)
     array = array[(height - crop) // 2:(height + crop) // 2, (width - crop) // 2:(width + crop) // 2]
-    resized = PIL.Image.fromarray(array, "RGB").resize((resolution, resolution), PIL.Image.Resampling.LANCZOS)
+    resized = PIL.Image.fromarray(np.ascontiguousarray(array), "RGB").resize((resolution, resolution),
+                                                                            PIL.Image.Resampling.LANCZOS)
     return np.asarray(resized)
 
 

@@ -30,6 +30,8 @@ any layout.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 import torch
@@ -144,6 +146,8 @@ def parallelize(model: nn.Module, trainer_config: Any, mesh: Any) -> None:
             from fastgen.utils.errors import ConfigError
 
             raise ConfigError(conflict)
+    if mode == "fsdp":  # frozen helpers a method builds later (model.encode_batches' codec) are sharded the same way
+        model.__dict__["_shard_frozen"] = functools.partial(shard_frozen, trainer_config=trainer_config, mesh=mesh)
     trained = {id(m) for m in model.trainable_modules.values()}
     for name, module in named_networks(model).items():
         if mode == "fsdp":
@@ -220,6 +224,16 @@ def _shard(module: nn.Module, trainer_config: Any, mesh: Any) -> None:
     for unit in shard_units(module):
         fully_shard(unit, **kwargs)
     fully_shard(module, **kwargs)
+
+
+def shard_frozen(module: nn.Module, trainer_config: Any, mesh: Any, methods: tuple[str, ...] = ()) -> None:
+    """A frozen helper module (a codec's VAE or text encoder) sharded like a teacher, as one unit; ``methods``
+    besides ``forward`` that run it (``vae.encode``) are registered so FSDP gathers its parameters for them too."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    fully_shard(module, **fsdp_kwargs(trainer_config, mesh))
+    for name in methods:
+        register_fsdp_forward_method(module, name)
 
 
 def set_gradient_sync(model: nn.Module, stepping: list[str], final_round: bool) -> None:

@@ -43,6 +43,10 @@ class DistillationModel(FastGenModel):
     """A method with a frozen teacher; subclasses implement ``single_train_step``."""
 
     frozen_modules: tuple[str, ...] = ("teacher",)
+    # How ``generate`` moves between the student's times, for exports to other samplers (``fastgen.pipelines``):
+    # "renoise" (x0, then fresh noise at the next time), "ode" (a deterministic DDIM step), or a method's own
+    # ("meanflow", "truncated") that no diffusers scheduler reproduces.
+    student_sampler: str = "renoise"
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -115,8 +119,10 @@ class DistillationModel(FastGenModel):
             self.sync_ema_to_net()
             return
         if self.config.student_init_from_teacher:
-            try:
-                self.net.load_state_dict(self.teacher.state_dict())
+            from fastgen.distributed.parallelize import load_full_state_dict
+
+            try:  # a LoRA student (model.net_adapter) takes the teacher as its base
+                load_full_state_dict(self.net, self.teacher.state_dict())
             except RuntimeError:
                 raise CheckpointError("model.student_init_from_teacher needs the student and the teacher to have "
                                       "the same architecture; set it to false or make model.teacher match model.net") from None

@@ -66,6 +66,8 @@ def _merge_times(grid: list[float], student: list[float]) -> list[float]:
 
 
 class KDModel(DistillationModel):
+    student_sampler = "ode"
+
     # ---- the teacher's trajectories ----------------------------------------------------------------------------
     def teacher_steps(self) -> int:
         return int(self.config.kd_teacher_steps or self.config.sample_steps)
@@ -97,11 +99,7 @@ class KDModel(DistillationModel):
     # ---- the student --------------------------------------------------------------------------------------------
     def ddim_coefficients(self, t: float, t_next: float, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(a, b)`` with ``x_{t_next} = a x0 + b x_t`` for the deterministic DDIM step (``eta = 0``)."""
-        scheduler = self.noise_scheduler
-        tt = torch.tensor([t, t_next], dtype=torch.float64, device="cpu")
-        alpha, sigma = scheduler.alpha(tt), scheduler.sigma(tt)
-        b = sigma[1] / sigma[0]
-        a = alpha[1] - b * alpha[0]
+        a, b = self.noise_scheduler.ddim_coefficients(t, t_next)
         return a.to(like.dtype).to(like.device), b.to(like.dtype).to(like.device)
 
     def generate(self, net: nn.Module, noise: torch.Tensor, condition: torch.Tensor | None,

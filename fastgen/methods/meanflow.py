@@ -47,6 +47,8 @@ from fastgen.utils.errors import ConfigError
 
 
 class MeanFlowModel(DistillationModel):
+    student_sampler = "meanflow"
+
     def __init__(self, config: Any) -> None:
         if config.mode not in ("data", "distill"):
             raise ConfigError(f"model.mode must be data or distill, got {config.mode!r}")

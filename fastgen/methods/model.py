@@ -233,6 +233,54 @@ class FastGenModel(nn.Module):
         loss_dict, _ = self.single_train_step(data, iteration)
         return loss_dict
 
+    # ---- encoding batches on the fly (model.encode_batches) --------------------------------------------------
+    def encode_batch(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``model.encode_batches``: a batch's pixels (``real`` with 3 channels where the network takes latents) and
+        caption strings (``condition``) become the codec's normalised latents and the network's text condition,
+        without gradients, as ``fastgen encode-data`` would have written them; the captions stay in ``caption``
+        for the callbacks. Any other batch, or with the field off, is returned as it is. The trainer calls this
+        on every training and validation batch."""
+        if not getattr(self.config, "encode_batches", False):
+            return data
+        codec = self._batch_codec()
+        out = dict(data)
+        with torch.no_grad():
+            real = data.get("real")
+            if isinstance(real, torch.Tensor) and real.dim() in (4, 5) and real.shape[1] == 3:
+                if list(real.shape[1:]) != list(self.config.input_shape):
+                    out["real"] = codec.encode_images(real.to(codec.dtype)).to(real.device)
+            captions = data.get("condition")
+            if isinstance(captions, (list, tuple)) and captions and all(isinstance(c, str) for c in captions):
+                out["condition"] = codec.condition(codec.encode_prompts(list(captions)))
+                out.setdefault("caption", list(captions))
+        return out
+
+    def _batch_codec(self) -> Any:
+        """The codec of ``model.pretrained_model_path``, built at the first batch on the networks' device (frozen,
+        at the model's precision). It is not a registered module: checkpoints and optimizers leave it alone; with
+        DDP every rank holds it whole, under FSDP its VAE and each text encoder are sharded like a teacher (each
+        rank encodes its own batch in every step, so the gathers line up)."""
+        codec = self.__dict__.get("_codec")
+        if codec is None:
+            from fastgen.networks.codecs import load_codec
+
+            path = getattr(self.config, "pretrained_model_path", None)
+            if not path:
+                from fastgen.utils.errors import ConfigError
+
+                raise ConfigError("model.encode_batches needs model.pretrained_model_path: the diffusers pipeline "
+                                  "folder whose VAE and text encoders encode the batches")
+            device = next(self.net.parameters()).device
+            codec = load_codec(path, dtype=self.precision).to(device)
+            shard = self.__dict__.get("_shard_frozen")  # set by fastgen.distributed.parallelize under FSDP
+            if shard is not None:
+                for encoder in codec.encoders.values():
+                    shard(encoder)
+                shard(codec.vae, methods=("encode", "decode"))
+                logger.info("model.encode_batches: the codec's VAE and text encoders are sharded with FSDP2")
+            self.__dict__["_codec"] = codec
+        return codec
+
     def condition_of(self, data: dict[str, Any]) -> torch.Tensor | None:
         if self.num_classes <= 0:
             return None

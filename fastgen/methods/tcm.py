@@ -62,6 +62,8 @@ class TruncatedConsistencyFunction:
 
 
 class TCMModel(CMModel):
+    student_sampler = "truncated"
+
     frozen_modules: tuple[str, ...] = ("teacher", "stage1_net")
 
     def __init__(self, config: Any) -> None:

@@ -12,8 +12,8 @@ distilled student is only usable in the family's pipeline if fastgen does both e
   packs both (``pack_flux_condition``).
 * **Wan** (``WanPipeline``, video): per-channel ``z = (E(x) - mu_c) / sigma_c`` from the VAE's ``latents_mean`` /
   ``latents_std``; prompts cleaned as the pipeline cleans them -> umT5's last hidden state under the attention
-  mask, cut at each prompt's length and zero-padded to ``max_sequence_length`` (226). ``(B, C, F, H, W)``
-  videos; an image is one frame.
+  mask, cut at each prompt's length and zero-padded to ``max_sequence_length`` (512, what ``WanPipeline.__call__``
+  uses). ``(B, C, F, H, W)`` videos; an image is one frame.
 
 ``E(x)`` is the mode (mean) of the VAE's posterior unless a generator is given (then a sample, as diffusers'
 training scripts draw): deterministic latents make a data set reproducible. Pixels are ``[-1, 1]``.
@@ -57,7 +57,7 @@ def _component(folder: Path, name: str, dtype: torch.dtype | None) -> Any:
 
 
 @contextlib.contextmanager
-def _quiet_libraries() -> Iterator[None]:
+def quiet_libraries() -> Iterator[None]:
     """diffusers' and transformers' own chatter while loading (progress bars, 'install accelerate') stays out of
     fastgen's output; their levels are restored after."""
     import logging
@@ -134,9 +134,11 @@ class Codec(nn.Module):
                                      return_tensors="pt", **kwargs)
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, dtype: torch.dtype = torch.float32, **kwargs: Any) -> Codec:
+    def from_pretrained(cls, folder: str | Path, dtype: torch.dtype = torch.float32, text: bool = True,
+                        **kwargs: Any) -> Codec:
+        """The codec of ``folder``; ``text=False``: the VAE alone (decoding samples needs no text encoder)."""
         folder = Path(folder).expanduser()
-        parts = {name: _component(folder, name, dtype) for name in cls.components}
+        parts = {name: _component(folder, name, dtype) for name in cls.components} if text else {}
         return cls(_component(folder, "vae", dtype), **parts, **kwargs)
 
 
@@ -187,7 +189,7 @@ class WanCodec(Codec):
     family = "wan"
     components = ("tokenizer", "text_encoder")
 
-    def __init__(self, vae: nn.Module, max_sequence_length: int = 226, **parts: Any) -> None:
+    def __init__(self, vae: nn.Module, max_sequence_length: int = 512, **parts: Any) -> None:
         super().__init__(vae, **parts)
         self.max_sequence_length = int(max_sequence_length)
 
@@ -213,7 +215,9 @@ class WanCodec(Codec):
         return super().encode_images(self._as_video(pixels), generator)
 
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        return super().decode_latents(self._as_video(latents))
+        """Videos ``(B, C, F, H, W)``; the images of 4-D latents (one frame) as ``(B, C, H, W)``."""
+        decoded = super().decode_latents(self._as_video(latents))
+        return decoded[:, :, 0] if latents.dim() == 4 else decoded
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
@@ -248,14 +252,16 @@ def codec_family(folder: str | Path, family: str | None = None) -> str:
     return family
 
 
-def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype = torch.float32,
+def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype = torch.float32, text: bool = True,
                **kwargs: Any) -> Codec:
-    """The codec of the diffusers pipeline folder ``folder`` (``codec_family``), frozen, at ``dtype``."""
+    """The codec of the diffusers pipeline folder ``folder`` (``codec_family``), frozen, at ``dtype``; ``text=False``
+    loads the VAE alone."""
     family = codec_family(folder, family)
     import_diffusers()
-    import_extra("transformers", "text encoders")
-    with _quiet_libraries():
-        return CODECS[family].from_pretrained(folder, dtype=dtype, **kwargs)
+    if text:
+        import_extra("transformers", "text encoders")
+    with quiet_libraries():
+        return CODECS[family].from_pretrained(folder, dtype=dtype, text=text, **kwargs)
 
 
 __all__ = ["CODECS", "Codec", "FluxCodec", "SDCodec", "WanCodec", "codec_family", "load_codec"]

@@ -69,6 +69,19 @@ def pack_flux_condition(tokens: torch.Tensor, pooled: torch.Tensor) -> torch.Ten
     return torch.cat([row.to(tokens.dtype), tokens], dim=1)
 
 
+def pack_flux_latents(x: torch.Tensor) -> torch.Tensor:
+    """``(B, C, H, W)`` latents as Flux's ``(B, H/2 * W/2, 4 C)`` tokens of 2x2 patches (``FluxPipeline._pack_latents``)."""
+    b, c, h, w = x.shape
+    return x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_flux_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """``pack_flux_latents`` undone: ``(B, H/2 * W/2, 4 C)`` tokens as ``(B, C, H, W)`` latents."""
+    b, _, d = tokens.shape
+    c = d // 4
+    return tokens.reshape(b, height // 2, width // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, height, width)
+
+
 def read_diffusers_state(path: str, subfolder: str) -> dict[str, torch.Tensor]:
     """The state dict of a diffusers model folder (``diffusion_pytorch_model.safetensors``, or the shards an
     ``.safetensors.index.json`` lists), looked for in ``path/subfolder`` and then ``path``. safetensors only:
@@ -106,16 +119,23 @@ def folder_architecture(path: str, subfolder: str) -> dict[str, Any] | None:
     return None
 
 
+def diffusers_backbone_class(network: Any) -> type[DiffusersBackbone] | None:
+    """The backbone class of a ``DiffusionNet`` LazyCall when it is one of this module's (a latent model), else
+    None - read from the config, nothing built."""
+    backbone = getattr(network, "backbone", None) if network is not None else None
+    target = str(getattr(backbone, "_target_", "") or "")
+    return BACKBONES.get(target.rsplit(".", 1)[-1]) if target.startswith(__name__ + ".") else None
+
+
 def adopt_folder_architecture(network: Any, path: str) -> bool:
     """``model.pretrained_model_path`` decides the architecture of a diffusers-backed network config (a
     ``DiffusionNet`` LazyCall whose backbone is one of this module's classes): its ``config`` becomes the weights
     folder's ``config.json``, so fine-tunes and other sizes of a family load, not only the recipe's default.
     Returns whether ``network`` was changed (in place)."""
-    backbone = getattr(network, "backbone", None) if network is not None else None
-    target = str(getattr(backbone, "_target_", "") or "")
-    cls = BACKBONES.get(target.rsplit(".", 1)[-1]) if target.startswith(__name__ + ".") else None
+    cls = diffusers_backbone_class(network)
     if cls is None:
         return False
+    backbone = network.backbone
     found = folder_architecture(path, cls.weights_subfolder)
     if found is None:
         return False
@@ -302,7 +322,7 @@ class FluxTransformer(DiffusersBackbone):
         b, c, h, w = x.shape
         if h % 2 or w % 2:
             raise ValueError(f"Flux packs 2x2 latent patches: height and width must be even, got {h}x{w}")
-        packed = x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
+        packed = pack_flux_latents(x)
         pooled, tokens = text[:, 0, : self.pooled_dim], text[:, 1:]
         guidance = None
         if self.model.config.guidance_embeds:
@@ -312,7 +332,7 @@ class FluxTransformer(DiffusersBackbone):
             img_ids=self._image_ids(h // 2, w // 2, x.device, x.dtype),
             txt_ids=torch.zeros(tokens.shape[1], 3, device=x.device, dtype=x.dtype), guidance=guidance, return_dict=False,
         )[0]
-        return out.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+        return unpack_flux_latents(out, h, w)
 
     def _feature_map(self, output: Any, x: torch.Tensor) -> torch.Tensor:
         image_tokens = output[1]  # every Flux block returns (text tokens, image tokens)

@@ -58,6 +58,14 @@ class NoiseScheduler:
         return expand_like(self.alpha(t), x0) * x0 + expand_like(self.sigma(t), x0) * eps
 
     # ---- training --------------------------------------------------------------------------------------
+    def ddim_coefficients(self, t: float, t_next: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(a, b)`` in float64 with ``x_{t_next} = a x0 + b x_t``: the deterministic DDIM step (Song et al. 2021,
+        Eq. 12, eta = 0), ``b = sigma(t') / sigma(t)``, ``a = alpha(t') - b alpha(t)``."""
+        tt = torch.tensor([t, t_next], dtype=torch.float64, device="cpu")
+        alpha, sigma = self.alpha(tt), self.sigma(tt)
+        b = sigma[1] / sigma[0]
+        return alpha[1] - b * alpha[0], b
+
     def sample_t(self, n: int, device: torch.device | str = "cpu", generator: RandomSource = None) -> torch.Tensor:
         raise NotImplementedError
 
@@ -238,6 +246,8 @@ class DiscreteVPScheduler(NoiseScheduler):
             raise ValueError(f"prediction_type must be 'eps' or 'v', got {prediction_type!r}")
         self.native_pred_type = prediction_type  # type: ignore[assignment]
         self.num_train_timesteps = int(num_train_timesteps)
+        # kept as given: an export writes the same schedule into a diffusers scheduler (fastgen.pipelines)
+        self.beta_start, self.beta_end, self.beta_schedule = float(beta_start), float(beta_end), beta_schedule
         # ln abar at the knots t = 0 (clean), 1/N, ..., 1; on the CPU even inside a meta-device build
         self._log_abar = torch.cat([torch.zeros(1, dtype=torch.float64, device="cpu"), torch.cumsum(torch.log1p(-betas), 0)])
         self.t_min, self.t_max = 0.0, 1.0

@@ -128,8 +128,147 @@ def test_two_ranks_write_the_shards_one_process_writes(weights: Path, tmp_path: 
 def test_bad_input_is_one_line(weights: Path, tmp_path: Path) -> None:
     for args, message in (
             (["encode-data", str(tmp_path / "none"), str(tmp_path / "o"), "--weights", str(weights)], "no such folder"),
-            (["encode-data", "s3://b/photos", str(tmp_path / "o"), "--weights", str(weights)], "local folders"),
+            (["encode-data", str(tmp_path), "gs://bucket/o", "--weights", str(weights)], "or s3:// prefixes"),
+            (["encode-data", str(tmp_path), str(tmp_path / "o"), "--weights", "s3://bucket/w"],
+             "a local diffusers pipeline folder"),
+            (["encode-data", "s3://b/photos", str(tmp_path / "o"), "--weights", str(weights)], "not a valid S3 bucket"),
+            (["encode-data", str(tmp_path), str(tmp_path / "o"), "--weights", str(weights), "--frames", "0"],
+             "--frames and --frame-stride"),
             (["encode-data", str(tmp_path), str(tmp_path / "o"), "--weights", str(tmp_path)], "holds no images")):
         result = run_cli(*args, cwd=tmp_path)
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode == 2 and len(lines) == 1 and message in lines[0], (args, result.stderr)
+
+
+# ---------------------------------------------------------------------------------- WebDataset, S3 and video sources
+def png_bytes(seed: int, size: tuple[int, int] = (20, 16)) -> bytes:
+    import PIL.Image
+
+    buffer = io.BytesIO()
+    image = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    PIL.Image.fromarray(image).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def input_shards(folder: Path) -> list[Path]:
+    """Two WebDataset shards of 3 samples: png + txt; in the second, one sample lacks its caption, one its image."""
+    from fastgen.datasets.webdataset import write_shards
+
+    samples = [{"__key__": f"s{i}", "png": png_bytes(i), "txt": CAPTIONS[i].encode()} for i in range(4)]
+    samples.append({"__key__": "nocap", "png": png_bytes(9)})
+    samples.append({"__key__": "noimage", "txt": b"a lost caption"})
+    return write_shards(samples, folder, samples_per_shard=3)
+
+
+def check_webdataset_output(dst: Path, weights: Path) -> None:
+    from fastgen.datasets.sources import center_crop_resize
+    from fastgen.networks.codecs import load_codec
+
+    index = json.loads((dst / "index.json").read_text())
+    assert [s["samples"] for s in index["shards"]] == [3, 1] and index["skipped"] == 2
+    codec = load_codec(weights)
+    found = {**members(dst / "shard-000000.tar"), **members(dst / "shard-000001.tar")}
+    for i, key in enumerate(["000000_000000", "000000_000001", "000000_000002", "000001_000000"]):
+        pixels = center_crop_resize(io.BytesIO(png_bytes(i)), 16)
+        x = torch.from_numpy(pixels).permute(2, 0, 1)[None].float() / 127.5 - 1
+        torch.testing.assert_close(torch.from_numpy(npy(found[f"{key}.latent.npy"])), codec.encode_images(x)[0],
+                                   atol=1e-5, rtol=1e-5)
+        assert found[f"{key}.txt"].decode() == CAPTIONS[i]
+    reasons = json.loads((dst / "shard-000001.json").read_text())["skipped"]
+    assert any("no caption" in r for r in reasons) and any("no image or video member" in r for r in reasons)
+
+
+def test_webdataset_shards_are_encoded_one_output_shard_each(weights: Path, tmp_path: Path) -> None:
+    input_shards(tmp_path / "wds")
+    dst = tmp_path / "out"
+    result = run_cli("encode-data", str(tmp_path / "wds"), str(dst), "--weights", str(weights), "--resolution", "16",
+                     "--device", "cpu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    check_webdataset_output(dst, weights)
+
+
+def test_webdataset_shards_in_s3_are_read_from_there(weights: Path, tmp_path: Path, s3_server) -> None:  # noqa: ANN001
+    client = s3_server.client()
+    for shard in input_shards(tmp_path / "wds"):
+        client.upload_file(str(shard), s3_server.bucket, f"encode-src/{shard.name}")
+    dst = tmp_path / "out"
+    result = run_cli("encode-data", f"s3://{s3_server.bucket}/encode-src/", str(dst), "--weights", str(weights),
+                     "--resolution", "16", "--device", "cpu", cwd=tmp_path, env=s3_server.environment())
+    assert result.returncode == 0, result.stderr[-2000:]
+    check_webdataset_output(dst, weights)
+
+
+@pytest.fixture(scope="module")
+def wan_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_pipelines import tiny_family_pipeline
+
+    from fastgen.configs.instantiate import instantiate
+    from fastgen.configs.net_diffusers import TINY_WAN, wan_transformer
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("wan") / "wan"
+    tiny_family_pipeline("wan", instantiate(wan_transformer(TINY_WAN)).backbone.model).save_pretrained(folder)
+    return folder
+
+
+def test_videos_become_frames_and_video_latents(wan_weights: Path, weights: Path, tmp_path: Path) -> None:
+    """Wan: 5 frames at stride 2 of each clip (centre-cropped per frame) -> (C, 3, h, w) latents equal the codec's
+    of those frames; a clip too short for them is skipped, and so is a video given to an image family (SD)."""
+    from fastgen.datasets.sources import center_crop_resize_array
+    from fastgen.networks.codecs import load_codec
+    from fastgen.pipelines.media import read_mp4, write_mp4
+
+    src = tmp_path / "clips"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for name, count in (("long", 11), ("short", 6)):
+        write_mp4(src / f"{name}.mp4", rng.integers(0, 256, (count, 20, 24, 3), dtype=np.uint8), fps=8)
+        (src / f"{name}.txt").write_text(f"a {name} clip")
+    dst = tmp_path / "out"
+    result = run_cli("encode-data", str(src), str(dst), "--weights", str(wan_weights), "--resolution", "16",
+                     "--frames", "5", "--frame-stride", "2", "--device", "cpu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    index = json.loads((dst / "index.json").read_text())
+    assert index["samples"] == 1 and index["frames"] == {"count": 5, "stride": 2}
+    assert "3 frames at stride 2" in json.loads((dst / "shard-000000.json").read_text())["skipped"][0]
+    found = members(dst / "shard-000000.tar")
+    frames = np.stack([center_crop_resize_array(f, 16) for f in read_mp4(src / "long.mp4")[0:9:2]])
+    video = torch.from_numpy(frames).permute(3, 0, 1, 2)[None].float() / 127.5 - 1
+    expected = load_codec(wan_weights).encode_images(video)[0]
+    assert expected.shape[1] == 3  # the tiny VAE halves time: 5 frames -> 3
+    torch.testing.assert_close(torch.from_numpy(npy(found["000000000.latent.npy"])), expected, atol=1e-5, rtol=1e-5)
+    assert json.loads(found["000000000.json"])["frames"] == [0, 2, 5]
+
+    sd = run_cli("encode-data", str(src), str(tmp_path / "sd"), "--weights", str(weights), "--resolution", "16",
+                 "--device", "cpu", "--strict", cwd=tmp_path)
+    assert sd.returncode == 2 and "this family's codec encodes images" in sd.stderr, sd.stderr
+    wrong = run_cli("encode-data", str(src), str(tmp_path / "w"), "--weights", str(wan_weights), "--frames", "4",
+                    cwd=tmp_path)
+    assert wrong.returncode == 2 and "1 + 4 k frames" in wrong.stderr, wrong.stderr
+
+
+def test_shards_are_written_to_s3_and_a_rerun_keeps_them(weights: Path, tmp_path: Path, s3_server) -> None:  # noqa: ANN001
+    """DST s3://: every file lands in S3 byte for byte as a local DST gets it (tars before their sidecars); a
+    re-run finds the sidecars there and rewrites nothing; no scratch copy is left."""
+    src = photos(tmp_path / "photos")
+    common = ["--weights", str(weights), "--resolution", "16", "--shard-size", "3", "--device", "cpu"]
+    local = run_cli("encode-data", str(src), str(tmp_path / "local"), *common, cwd=tmp_path)
+    assert local.returncode == 0, local.stderr[-2000:]
+    url = f"s3://{s3_server.bucket}/encode-dst/run1"
+    env = {**s3_server.environment(), "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    first = run_cli("encode-data", str(src), url, *common, cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    client = s3_server.client()
+    listed = client.list_objects_v2(Bucket=s3_server.bucket, Prefix="encode-dst/run1/")["Contents"]
+    names = sorted(o["Key"].rsplit("/", 1)[-1] for o in listed)
+    assert names == sorted(p.name for p in (tmp_path / "local").iterdir())
+    for name in names:
+        if name.endswith(".tar"):
+            body = client.get_object(Bucket=s3_server.bucket, Key=f"encode-dst/run1/{name}")["Body"].read()
+            assert body == (tmp_path / "local" / name).read_bytes()
+    index = json.loads(client.get_object(Bucket=s3_server.bucket, Key="encode-dst/run1/index.json")["Body"].read())
+    assert index["samples"] == 5 and index["latent_shape"] == [4, 8, 8]
+    again = run_cli("encode-data", str(src), url, *common, cwd=tmp_path, env=env)
+    assert again.returncode == 0 and "wrote 0 shard(s), kept 3" in again.stdout, again.stdout + again.stderr
+    assert not any((tmp_path / "tmp").iterdir())

@@ -11,8 +11,9 @@ build, in bfloat16 autocast with activation checkpointing.
   for Flux, ``pack_flux_condition`` layout). Override with ``- dataloader_train.datatags=[WDS:/path]``.
 * **Prompts for labels**: ``num_classes`` prompts pre-encoded into ``$DATA_ROOT_DIR/<name>_prompts.safetensors``,
   one ``(num_classes, tokens, width)`` tensor (``fastgen.networks.diffusers_nets``: a label picks a prompt), for
-  ``fastgen sample`` and the null condition of guidance. Samples are latents: fastgen does not run the VAE, so
-  the W&B callback logs losses only (``num_samples=0``); decode ``fastgen sample``'s latents with the model's VAE.
+  ``fastgen sample`` and the null condition of guidance. The W&B callback logs 8 samples decoded by the folder's
+  VAE; ``fastgen sample RUN --prompt "..."`` samples from prompts and ``fastgen convert-ckpt RUN OUT --to
+  diffusers`` exports the student as a diffusers pipeline.
 
 No GPU was available to this project when these recipes were written: their memory figures are ``fastgen
 dryrun`` estimates, not measurements.
@@ -59,7 +60,7 @@ def diffusers_dmd2_setting(name: str, net: DictConfig, input_shape: list[int], n
     config.trainer.save_ckpt_iter = 500
     config.trainer.max_iter = 10000
     config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **WANDB_CALLBACK})
-    config.trainer.callbacks.wandb.num_samples = 0  # samples are latents: viewing them needs the model's VAE
+    config.trainer.callbacks.wandb.num_samples = 8  # decoded by the weights folder's VAE
     config.dataloader_train = webdataset_loader([f"WDS:{os.path.join(data_root(), name + '_latents')}"],
                                                 batch_size=batch_size, fields={"real": "latent.npy", "condition": "text.npy"})
     config.log_config.group = name

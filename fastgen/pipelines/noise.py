@@ -1,0 +1,69 @@
+"""Noise drawn as a family's diffusers pipeline draws it, so that fastgen and the pipeline agree sample for sample.
+
+For ``pipe(prompts, generator=generators)`` (one ``torch.Generator`` per prompt, or one for a single prompt) every
+pipeline draws the starting latents with ``randn_tensor``: per prompt from its own generator, on the CPU for a CPU
+generator, in the latents' layout ``(C, H, W)`` (SD, Flux before packing) or ``(C, F, H, W)`` (Wan). Multi-step
+students then re-noise between steps (``x0``, then fresh noise at the next time): the scheduler draws that noise,
+
+* SD (``StableDiffusionPipeline`` hands its generator to the scheduler): per prompt from its generator again;
+* Flux and Wan (their pipelines call ``scheduler.step`` without the generator): from **torch's global generator**,
+  one draw for the whole batch, in the layout the scheduler sees - Flux's packed ``(B, H/2 * W/2, 4 C)`` tokens.
+  ``global_seed`` stands in for ``torch.manual_seed(global_seed)`` before the pipeline call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fastgen.networks.diffusers_nets import pack_flux_latents, unpack_flux_latents
+
+# families whose pipelines pass their generator to the scheduler's step (else the step draws from the global one)
+STEP_TAKES_GENERATOR = {"sd": True, "flux": False, "wan": False}
+
+
+def seeded(seeds: Sequence[int]) -> list[torch.Generator]:
+    """One CPU generator per sample: ``torch.Generator().manual_seed(seed)``, as a pipeline's caller makes them."""
+    return [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+
+
+class PipelineNoise:
+    """A ``NoiseSource`` (``fastgen.distributed.keyed_rng``) for prompt sampling: ``initial`` draws the starting
+    latents, ``randn_like`` the re-noising of multi-step samplers, each as the family's pipeline draws it."""
+
+    def __init__(self, family: str, generators: Sequence[torch.Generator], global_seed: int,
+                 dtype: torch.dtype = torch.float32) -> None:
+        if family not in STEP_TAKES_GENERATOR:
+            raise ValueError(f"no pipeline noise convention for the family {family!r}")
+        self.family = family
+        self.generators = list(generators)
+        self.dtype = dtype
+        self._global = torch.Generator().manual_seed(int(global_seed))
+
+    def _per_sample(self, shape: Sequence[int]) -> torch.Tensor:
+        return torch.cat([torch.randn((1, *shape), generator=g, device="cpu", dtype=self.dtype)
+                          for g in self.generators])
+
+    def initial(self, latent_shape: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
+        """``(B, *latent_shape)`` starting latents (``prepare_latents``: one draw per sample's generator)."""
+        return self._per_sample(latent_shape).to(device)
+
+    def randn_like(self, x: torch.Tensor) -> torch.Tensor:
+        if STEP_TAKES_GENERATOR[self.family]:
+            noise = self._per_sample(x.shape[1:])
+        elif self.family == "flux":
+            packed = torch.randn(pack_flux_latents(x).shape, generator=self._global, device="cpu", dtype=self.dtype)
+            noise = unpack_flux_latents(packed, x.shape[-2], x.shape[-1])
+        else:
+            # Wan's pipeline holds (B, C, F, H, W) latents; a 4-D image latent is its one frame (same order)
+            noise = torch.randn(x.shape, generator=self._global, device="cpu", dtype=self.dtype)
+        return noise.to(device=x.device, dtype=x.dtype)
+
+    def randn(self, shape: Sequence[int], *, dtype: torch.dtype = torch.float32,
+              device: torch.device | str | None = None) -> torch.Tensor:
+        raise NotImplementedError("prompt sampling draws only latents-shaped noise (initial / randn_like)")
+
+    def rand(self, shape: Sequence[int], *, dtype: torch.dtype = torch.float32,
+             device: torch.device | str | None = None) -> torch.Tensor:
+        raise NotImplementedError("prompt sampling draws only latents-shaped noise (initial / randn_like)")

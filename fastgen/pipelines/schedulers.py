@@ -1,0 +1,163 @@
+"""Which diffusers scheduler, configured how, samples exactly as a fastgen network samples - and the pipeline call
+arguments that go with it.
+
+A ``SamplingPlan`` says how a network samples in fastgen's terms: at which times it is evaluated (from ``t_max``
+down) and how the sampler moves from one time to the next:
+
+* ``"renoise"`` - the few-step students of DMD2, SiD, f-distill, LADD and consistency models: ``x0 = G(x_t, t)``,
+  then ``x_{t'} = alpha(t') x0 + sigma(t') eps`` with fresh noise (Song et al. 2023, Algorithm 1);
+* ``"ode"`` - a deterministic DDIM step, ``x_{t'} = alpha(t') x0 + sigma(t') (x_t - alpha(t) x0) / sigma(t)``
+  (Song et al. 2021, Eq. 12 with eta = 0): KD students, and a teacher or fine-tuned model sampled over its grid.
+
+The diffusers counterparts (checked against diffusers' own pipelines in the tests):
+
+=========  ==========================================================  ============================================
+family     renoise                                                     ode
+=========  ==========================================================  ============================================
+sd         ``LCMScheduler`` on the same betas, ``timesteps=[t N - 1]``  ``EulerDiscreteScheduler``, same timesteps
+           (its boundary scalings pushed to identity)                  (Euler in ``sigma`` is DDIM)
+flux       ``FlowMatchEulerDiscreteScheduler(stochastic_sampling)``,   the same without ``stochastic_sampling``
+           ``sigmas`` = the times, no shift
+wan        as flux; ``WanPipeline`` takes no ``sigmas``: the grid      as renoise
+           comes from ``num_inference_steps`` and ``shift_terminal``
+=========  ==========================================================  ============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastgen.utils.errors import UsageError
+
+SAMPLERS = ("renoise", "ode")
+# the scale LCM's boundary condition c_skip = s_d^2 / ((10 t s)^2 + s_d^2) is pushed with: c_skip < 1e-12 from t = 1
+LCM_TIMESTEP_SCALING = 1.0e6
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """How a network samples: ``sampler`` (``SAMPLERS``), its evaluation ``times`` from ``t_max`` down, and the
+    classifier-free guidance ``guidance`` against the negative prompt (1: none)."""
+
+    sampler: str
+    times: tuple[float, ...]
+    guidance: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        if not self.times or any(b >= a for a, b in zip(self.times, self.times[1:])):
+            raise ValueError(f"times must be decreasing and non-empty, got {list(self.times)}")
+
+
+def plan_of(model: Any, which: str, steps: int | None = None, guidance: float | None = None) -> SamplingPlan:
+    """The plan of network ``which`` (net, ema, teacher) of a method: a distillation student's own sampler and
+    times; a teacher, or the network of a method without a student sampler (SFT), the DDIM ODE over its schedule's
+    ``steps``-step grid (default ``model.sample_steps``; on a discrete schedule, each time moved to its nearest
+    trained step) with ``guidance`` (default the run's ``guidance_scale``)."""
+    sampler = getattr(model, "student_sampler", None)
+    if which != "teacher" and sampler is not None:
+        if sampler not in SAMPLERS:
+            raise UsageError(f"{type(model).__name__} samples with its own rule ({sampler}); no diffusers scheduler "
+                             "reproduces it")
+        return SamplingPlan(sampler, tuple(float(t) for t in model.student_times()))
+    steps = int(steps or model.config.sample_steps)
+    schedule = model.noise_scheduler
+    grid = schedule.sampling_times(steps).tolist()[:-1]
+    trained = getattr(schedule, "num_train_timesteps", None)
+    if trained:  # a discrete schedule: on its trained steps t = (k + 1) / N, where diffusers' schedulers evaluate
+        grid = sorted({(max(round(t * trained - 1), 0) + 1) / trained for t in grid}, reverse=True)
+    if guidance is None:
+        guidance = getattr(model.config, "guidance_scale", None) or 1.0
+    return SamplingPlan("ode", tuple(float(t) for t in grid), float(guidance))
+
+
+@dataclass
+class DiffusersSampling:
+    """What an exported pipeline needs: its ``scheduler`` and the ``call`` arguments (JSON values) that make it
+    sample as ``plan``; ``global_seed``: the pipeline draws the re-noising from torch's global generator (seed it
+    with ``torch.manual_seed`` before the call to reproduce fastgen's samples)."""
+
+    scheduler: Any
+    call: dict[str, Any] = field(default_factory=dict)
+    global_seed: bool = False
+
+
+def _discrete_timesteps(times: tuple[float, ...], n: int) -> list[int]:
+    steps = [t * n - 1.0 for t in times]
+    rounded = [int(round(s)) for s in steps]
+    off = [t for t, s, r in zip(times, steps, rounded) if abs(s - r) > 1e-3]
+    if off or min(rounded) < 0:
+        raise UsageError(f"the times {list(times)} are not on the {n}-step grid of the discrete schedule "
+                         f"(t = (k + 1) / {n}); a diffusers scheduler takes whole timesteps")
+    return rounded
+
+
+def _sd(plan: SamplingPlan, schedule: Any) -> DiffusersSampling:
+    from fastgen.networks.noise_schedules import DiscreteVPScheduler
+
+    if not isinstance(schedule, DiscreteVPScheduler):
+        raise UsageError(f"an SD pipeline samples the discrete VP schedule; this network has {type(schedule).__name__}")
+    import diffusers
+
+    n = schedule.num_train_timesteps
+    common = {"num_train_timesteps": n, "beta_start": schedule.beta_start, "beta_end": schedule.beta_end,
+              "beta_schedule": schedule.beta_schedule,
+              "prediction_type": {"eps": "epsilon", "v": "v_prediction"}[schedule.native_pred_type]}
+    if plan.sampler == "renoise":
+        scheduler = diffusers.LCMScheduler(**common, original_inference_steps=n, clip_sample=False,
+                                           set_alpha_to_one=True, timestep_scaling=LCM_TIMESTEP_SCALING)
+    else:  # the pipeline's latents are eps * sqrt(sigma_max^2 + 1) with "leading": the model input starts at eps
+        scheduler = diffusers.EulerDiscreteScheduler(**common, timestep_spacing="leading", steps_offset=1)
+    call: dict[str, Any] = {"timesteps": _discrete_timesteps(plan.times, n), "guidance_scale": plan.guidance}
+    return DiffusersSampling(scheduler, call)
+
+
+def _flow(plan: SamplingPlan, schedule: Any, family: str, backbone: Any) -> DiffusersSampling:
+    from fastgen.networks.noise_schedules import RectifiedFlowScheduler
+
+    if not isinstance(schedule, RectifiedFlowScheduler):
+        raise UsageError(f"a {family} pipeline samples rectified flow; this network has {type(schedule).__name__}")
+    import diffusers
+
+    n = len(plan.times)
+    stochastic = plan.sampler == "renoise"
+    config: dict[str, Any] = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False,
+                              "stochastic_sampling": stochastic}
+    call: dict[str, Any] = {"num_inference_steps": n}
+    if family == "flux":
+        call["sigmas"] = list(plan.times)
+        call["guidance_scale"] = float(getattr(backbone, "guidance", 3.5))  # the embedded guidance it was run with
+        if plan.guidance != 1.0:
+            call.update(true_cfg_scale=plan.guidance, negative_prompt="")  # Flux guides only given a negative prompt
+    else:
+        config["shift_terminal"] = plan.times[-1] if n > 1 else None
+        call["guidance_scale"] = plan.guidance
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(**config)
+    if family == "wan":
+        scheduler.set_timesteps(n)
+        got = scheduler.sigmas[:-1].tolist()
+        if any(abs(a - b) > 1e-5 for a, b in zip(got, plan.times)):
+            raise UsageError(f"WanPipeline sets its times from num_inference_steps alone; the times {list(plan.times)} "
+                             f"are not a uniform grid from 1 that its scheduler can reproduce (it would sample at "
+                             f"{[round(t, 5) for t in got]})")
+        scheduler = diffusers.FlowMatchEulerDiscreteScheduler(**config)  # fresh: no state from the check
+    return DiffusersSampling(scheduler, call, global_seed=stochastic and n > 1)
+
+
+def diffusers_sampling(family: str, plan: SamplingPlan, net: Any) -> DiffusersSampling:
+    """The scheduler and call arguments with which the ``family``'s pipeline samples ``net`` (a ``DiffusionNet``)
+    as ``plan`` says."""
+    schedule, backbone = net.noise_scheduler, net.backbone
+    if plan.times[0] < float(schedule.t_max) - 1e-6:
+        raise UsageError(f"the first time {plan.times[0]} is below t_max {schedule.t_max}: a diffusers pipeline starts "
+                         "from unit noise at any first step, fastgen from pure noise at that time's level")
+    if family == "sd":
+        return _sd(plan, schedule)
+    if family in ("flux", "wan"):
+        return _flow(plan, schedule, family, backbone)
+    raise UsageError(f"no diffusers export for the family {family!r}")
+
+
+__all__ = ["DiffusersSampling", "SAMPLERS", "SamplingPlan", "diffusers_sampling", "plan_of"]
