@@ -74,7 +74,7 @@ def check_ranks(
     detail: bool = typer.Option(False, "--detail", help="Run the workers with TORCH_DISTRIBUTED_DEBUG=DETAIL (torch checks "
                                 "that the ranks' collectives match and logs more on a failure). Not for a DDP config "
                                 "on CPU, where torch's DDP crashes under DETAIL."),
-    log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
     nproc_per_node: Optional[int] = nproc_per_node_option("check"),
     nnodes: str = nnodes_option(),
     node_rank: int = node_rank_option(),

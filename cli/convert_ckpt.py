@@ -59,7 +59,7 @@ def convert_ckpt(
     piece_mb: int = typer.Option(64, "--piece-mb", help="Largest piece read at a time, in MiB (peak memory)."),
     merge_lora: bool = typer.Option(False, "--merge-lora", help="A LoRA run (model.net_adapter): fold the adapter into the base and write plain networks (.pth)."),
     weights: Optional[str] = typer.Option(None, "--weights", help="--to diffusers: the teacher's pipeline folder (default: the run's model.pretrained_model_path).", show_default=False),
-    log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
     """Convert a checkpoint between .pth, sharded DCP and safetensors; --only extracts one network; --to diffusers
     writes a diffusers pipeline folder."""

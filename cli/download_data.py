@@ -150,7 +150,7 @@ def download_data(
         done = prep.prepare(name, root, force=force, mirror=mirror, source=Path(source) if source else None,
                             progress=progress)
         counts = ", ".join(f"{file} ({n:,} images)" for file, n in done.images.items())
-        verb = "already prepared" if done.already else "ready"
+        verb = "already prepared (--force prepares it again)" if done.already else "ready"
         out().print(f"{name} {verb} in {done.folder}: {counts}", soft_wrap=True, highlight=False, markup=False)
 
 

@@ -95,12 +95,47 @@ def show_plan(config: BaseConfig, as_yaml: bool, world_size: int | None = None) 
     for name, total, trainable in parameter_counts(config, model):
         table.add_row(name, f"{total:,}", f"{trainable:,}")
     console.print(table)
-    console.print(memory_table(config, model, world_size))
+    memory, state, needed = memory_table(config, model, world_size)
+    console.print(memory)
     console.print(f"run directory: {config.log_config.save_path}", markup=False)
+    warn_what_train_needs(config, state, needed, world_size or int(os.environ.get("WORLD_SIZE", "1") or 1))
 
 
-def memory_table(config: BaseConfig, model: Any, world_size: int | None = None) -> Any:
-    """The per-rank memory plan (``fastgen.profiling.plan``) as a Rich table: the busiest rank's bytes."""
+GPU_BYTES = 80 << 30  # the memory of the usual training GPU (A100 / H100 80 GB), what "fits" is measured against
+
+
+def warn_what_train_needs(config: BaseConfig, state: int, needed: int, world_size: int) -> None:
+    """On stderr, after the plan (which stays useful without data): each file ``fastgen train`` would refuse to
+    start without, and a plan that does not fit one 80 GiB GPU per rank, with the launch that would."""
+    from fastgen.cli.common import console
+    from fastgen.configs.checks import data_path_problems
+    from fastgen.profiling.report import fmt_bytes
+
+    for problem in data_path_problems(config):
+        console().print(f"warning: train would stop here: {problem}", markup=False, soft_wrap=True)
+    if needed <= GPU_BYTES:
+        return
+    sharded = bool(config.trainer.fsdp) and world_size > 1
+    whole_state = state * world_size if sharded else state  # FSDP divides the state kept from step to step
+    transient = needed - state  # activations and temporaries: not divided by sharding
+    ranks = next((n for n in (2 ** k for k in range(1, 13)) if n > world_size or not sharded
+                  if whole_state / n + transient <= 0.9 * GPU_BYTES), None)
+    told = (f"warning: the plan needs {fmt_bytes(needed)} per rank on {world_size} rank(s), more than an 80 GiB GPU "
+            "holds: ")
+    if ranks is None:
+        console().print(told + f"{fmt_bytes(transient)} of it is activations, which sharding does not divide; lower "
+                        "the batch size or checkpoint activations", markup=False, soft_wrap=True)
+        return
+    per_node = min(ranks, 8)
+    launch = f"--nproc-per-node {per_node}" + (f" --nnodes {ranks // per_node}" if ranks > per_node else "")
+    shard = "" if config.trainer.fsdp else " - trainer.fsdp=True"
+    console().print(told + f"shard it over about {ranks} ranks (`fastgen dryrun {launch} ...{shard}` checks it)",
+                    markup=False, soft_wrap=True)
+
+
+def memory_table(config: BaseConfig, model: Any, world_size: int | None = None) -> tuple[Any, int, int]:
+    """The per-rank memory plan (``fastgen.profiling.plan``) as a Rich table (the busiest rank's bytes), the state
+    kept from step to step, and the bytes a rank needs: the training peak when it is estimated, else that state."""
     from rich.table import Table
 
     from fastgen.profiling.plan import plan_state
@@ -131,7 +166,7 @@ def memory_table(config: BaseConfig, model: Any, world_size: int | None = None) 
     peak, how = training_peak(config, world_size, plan.sharded)
     table.add_row("[bold]training peak[/bold]", "-" if peak is None else f"{peak:,}",
                   "-" if peak is None else fmt_bytes(peak), how)
-    return table
+    return table, busiest.total, busiest.total if peak is None else max(peak, busiest.total)
 
 
 def training_peak(config: BaseConfig, world_size: int, sharded: bool) -> tuple[int | None, str]:
@@ -172,9 +207,9 @@ def dryrun(
     overrides: Optional[List[str]] = typer.Argument(None, help="Config overrides, e.g. trainer.max_iter=100.", show_default=False),
     config: Optional[str] = typer.Option(None, "--config", "-c", help="Config .py file, config.yaml or recipe name.", show_default=False),
     as_yaml: bool = typer.Option(False, "--yaml", help="Print the resolved config as YAML instead of a tree."),
-    log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
     nproc_per_node: Optional[int] = typer.Option(
-        None, "--nproc-per-node", "--nproc_per_node", show_default=False, rich_help_panel="Distributed",
+        None, "--nproc-per-node", show_default=False, rich_help_panel="Distributed",
         help="Plan the memory per rank of a job of this many workers per node (as `fastgen train --nproc-per-node`). "
         "Default: $WORLD_SIZE or 1."),
     nnodes: int = typer.Option(1, "--nnodes", rich_help_panel="Distributed", help="Number of nodes of that job."),

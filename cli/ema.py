@@ -23,7 +23,9 @@ Examples:
 Writes OUT as a checkpoint with one network, `net` (what model.teacher_ckpt, model.student_ckpt,
 pretrained_ckpt_path and `fastgen sample` read). The table lists each snapshot's weight in the least-squares
 combination and the relative error of the combined averaging profile (0: exact; large: snapshots too sparse or a
-width far outside the tracked ones).
+width far outside the tracked ones). A reconstruction is refused when --at is not an update a snapshot was
+written at (between snapshots, or past the newest, the profile cannot be matched) or when its error exceeds
+--max-error (default 0.05); OUT is never overwritten.
 """
 
 
@@ -31,8 +33,9 @@ def ema(
     run: str = typer.Argument(..., metavar="RUN", help="A run directory (with ema_snapshots/) or a snapshot folder."),
     sigma_rel: float = typer.Option(..., "--sigma-rel", help="Relative width of the EMA to reconstruct (EDM2's sigma_rel, e.g. 0.05-0.2)."),
     out_path: str = typer.Option(..., "--out", "-o", help="Where to write the reconstructed network (.pth)."),
-    at: Optional[int] = typer.Option(None, "--at", help="EMA update count to reconstruct at (default: the newest snapshot's).", show_default=False),
-    log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    at: Optional[int] = typer.Option(None, "--at", help="EMA update count to reconstruct at: a snapshot's update (default: the newest snapshot's).", show_default=False),
+    max_error: float = typer.Option(0.05, "--max-error", help="Refuse a reconstruction whose relative profile error exceeds this (0: exact)."),
+    log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
     """Reconstruct an EMA of any width from a run's power-EMA snapshots (post-hoc EMA)."""
     from pathlib import Path
@@ -44,16 +47,19 @@ def ema(
         raise UsageError("--sigma-rel must be positive")
     if at is not None and at <= 0:
         raise UsageError("--at must be positive")
+    if not max_error > 0:
+        raise UsageError("--max-error must be positive")
+    from fastgen.utils.io import atomic_open, check_writable_dir
+
+    target = Path(out_path).expanduser()
+    if target.exists() or target.is_symlink():
+        raise UsageError(f"{target} exists: fastgen ema never overwrites; choose a new -o")
+    check_writable_dir(target.parent, what="the folder of -o", hint="Choose another -o path.")
     from fastgen.utils.posthoc_ema import reconstruct
 
     with console().status("solving for the snapshot weights"):
-        state, info = reconstruct(run, sigma_rel, at)
+        state, info = reconstruct(run, sigma_rel, at, max_error=max_error)
     import torch
-
-    from fastgen.utils.io import atomic_open
-
-    target = Path(out_path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     from fastgen.checkpoint.checkpointer import FORMAT
 
     with atomic_open(target) as handle:

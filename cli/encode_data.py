@@ -66,7 +66,7 @@ def encode_data(
     node_rank: int = node_rank_option(),
     rdzv_endpoint: Optional[str] = rdzv_endpoint_option(),
     rdzv_id: Optional[str] = rdzv_id_option(),
-    log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
     """Encode captioned images into latent + text-embedding shards for the latent recipes."""
     from fastgen.utils.errors import UsageError

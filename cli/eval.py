@@ -50,7 +50,7 @@ def eval_samples(
     batch_size: int = typer.Option(64, "--batch-size", help="Images per Inception batch (FID)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N (FID)."),
     json_path: Optional[str] = typer.Option(None, "--json", help="Also write the metrics as JSON to this path.", show_default=False),
-    log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
     """Score samples: FD (digits), energy / sliced Wasserstein distance (toy), FID (CIFAR-10, ImageNet)."""
     from fastgen.utils.errors import UsageError
@@ -61,6 +61,9 @@ def eval_samples(
     import json
     import time
     from pathlib import Path
+
+    if json_path is not None:
+        _check_json_path(json_path)  # before any work: a bad --json fails now, not after the metrics
 
     from fastgen.evaluation.text_to_image import is_prompt_samples
 
@@ -73,10 +76,6 @@ def eval_samples(
 
     loaded = load_sample_files(samples)
     name = detect_dataset(loaded.arr_0, hint=dataset, recorded=loaded.dataset)
-    if json_path is not None:
-        from fastgen.utils.io import check_writable_dir
-
-        check_writable_dir(Path(json_path).expanduser().resolve().parent)
     resolved_device = "cpu"
     if name in ("cifar10", "imagenet"):
         from fastgen.evaluation.sampling import resolve_device
@@ -115,10 +114,6 @@ def _eval_prompt_samples(folder: str, ref_stats: Optional[str], inception_weight
     from fastgen.evaluation.sampling import resolve_device
     from fastgen.evaluation.text_to_image import SAMPLES_FILE, evaluate_prompt_samples
 
-    if json_path is not None:
-        from fastgen.utils.io import check_writable_dir
-
-        check_writable_dir(Path(json_path).expanduser().resolve().parent)
     start = time.perf_counter()
     metrics = evaluate_prompt_samples(folder, ref_stats=ref_stats, inception_weights=inception_weights,
                                       clip_model=clip_model, batch_size=batch_size, device=str(resolve_device(device)))
@@ -152,3 +147,16 @@ def _table(report: dict) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("eval", epilog=EPILOG)(eval_samples)
+
+
+def _check_json_path(json_path: str) -> None:
+    """``--json`` names a file whose folder can be written (a folder or a path under a file is refused)."""
+    from pathlib import Path
+
+    from fastgen.utils.errors import UsageError
+    from fastgen.utils.io import check_writable_dir
+
+    target = Path(json_path).expanduser()
+    if target.is_dir():
+        raise UsageError(f"--json {json_path} is a folder: name the file to write, e.g. {target / 'metrics.json'}")
+    check_writable_dir(target.resolve().parent, what="the folder of --json", hint="Choose another --json path.")

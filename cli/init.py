@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from string import Template
@@ -17,6 +18,7 @@ Examples:
   fastgen init my_digits                              # my_digits.py from the digits recipe
   fastgen init configs/toy_run --from Toy/config_sft_toy
   fastgen init my_exp --callback --env                # also a custom callback and a .env
+  fastgen init my_lr_sweep --from my_digits.py        # start from a config file of your own
   fastgen train --config=my_digits.py - trainer.max_iter=500
 """
 
@@ -41,7 +43,7 @@ def _write_new(path: Path, text: str, force: bool) -> None:
 
 def init(
     name: str = typer.Argument(..., help="Path of the new config (the .py suffix is added when missing)."),
-    from_recipe: str = typer.Option(DEFAULT_RECIPE, "--from", help="Built-in recipe to start from."),
+    from_recipe: str = typer.Option(DEFAULT_RECIPE, "--from", help="What to start from: a built-in recipe name, or any config file (.py, or a run's config.yaml)."),
     callback: bool = typer.Option(False, "--callback", help="Also scaffold a custom callback and register it."),
     env: bool = typer.Option(False, "--env", help="Also write .env from the template (an existing .env is kept unless --force)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
@@ -51,19 +53,37 @@ def init(
     from fastgen.configs.schema import did_you_mean
     from fastgen.utils.errors import UsageError
 
+    if Path(name).is_dir():
+        raise UsageError(f"{name} is a folder: name the new config inside it, e.g. {Path(name) / 'my_run'}")
     path = Path(name if name.endswith(".py") else f"{name}.py")
     stem = path.stem
     if not stem.isidentifier():
         raise UsageError(f"{stem!r} is not a valid Python module name (use letters, digits and underscores)")
-    recipe_file = resolve_recipe(from_recipe)
-    if recipe_file is None:
-        raise UsageError(f"no built-in recipe {from_recipe!r}; {did_you_mean(from_recipe, list_recipes(), noun='built-in recipes')}")
-    recipe = str(recipe_file.relative_to(recipe_file.parents[1]).with_suffix("")).replace("\\", "/")
-    base_module = "fastgen.configs.experiments." + recipe.replace("/", ".")
     from fastgen.configs.config_utils import load_config
 
-    batch_size = load_config(recipe).dataloader_train.batch_size
-
+    source = Path(from_recipe).expanduser()
+    if source.suffix in (".py", ".yaml", ".yml") and source.is_file():  # any config file: load it by path
+        if source.resolve() == path.resolve():
+            raise UsageError(f"--from {from_recipe} is the file init would write: name the new config differently")
+        recipe = source.as_posix()
+        relative = os.path.relpath(source.resolve(), path.resolve().parent)
+        base_import = (
+            "from pathlib import Path\n\n"
+            "from fastgen.configs.config_utils import load_config\n\n"
+            f"BASE = Path(__file__).resolve().parent / {Path(relative).as_posix()!r}  # the config this one starts from\n\n\n"
+            "def base_create_config():\n"
+            "    return load_config(BASE)\n"
+        )
+        batch_size = load_config(str(source)).dataloader_train.batch_size
+    else:
+        recipe_file = resolve_recipe(from_recipe)
+        if recipe_file is None:
+            raise UsageError(f"--from {from_recipe}: no built-in recipe or config file of that name; "
+                             f"{did_you_mean(from_recipe, list_recipes(), noun='built-in recipes')}")
+        recipe = str(recipe_file.relative_to(recipe_file.parents[1]).with_suffix("")).replace("\\", "/")
+        base_import = ("from fastgen.configs.experiments." + recipe.replace("/", ".")
+                       + " import create_config as base_create_config\n")
+        batch_size = load_config(recipe).dataloader_train.batch_size
     files: list[tuple[Path, str]] = []
     callback_import = callback_registration = ""
     if callback:
@@ -78,7 +98,7 @@ def init(
             f"    config.trainer.callbacks.update({{\"{stem}\": LazyCall({class_name})(every=100)}})\n"
         )
     files.insert(0, (path, _template("experiment.py.tmpl").substitute(
-        name=stem, recipe=recipe, base_module=base_module, config_path=path.as_posix(), batch_size=batch_size,
+        name=stem, recipe=recipe, base_import=base_import, config_path=path.as_posix(), batch_size=batch_size,
         callback_import=callback_import, callback_registration=callback_registration,
     )))
     if env:

@@ -11,13 +11,12 @@ if TYPE_CHECKING:
     from fastgen.configs.config import BaseConfig
 
 PANEL = "Distributed"
-LAUNCHER_FLAGS = ("--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank", "--node_rank", "--rdzv-endpoint",
-                  "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--max-restarts", "--max_restarts")
+LAUNCHER_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-id", "--max-restarts")
 
 
 def nproc_per_node_option(what: str, needs: str = "; the config must set trainer.ddp or trainer.fsdp") -> Any:
     return typer.Option(
-        None, "--nproc-per-node", "--nproc_per_node", show_default=False, rich_help_panel=PANEL,
+        None, "--nproc-per-node", min=1, show_default=False, rich_help_panel=PANEL,
         help=f"Launch this many worker processes on this node through torchrun's agent (torch.distributed.run) "
         f"to {what}{needs}.")
 
@@ -27,16 +26,16 @@ def nnodes_option() -> Any:
 
 
 def node_rank_option() -> Any:
-    return typer.Option(0, "--node-rank", "--node_rank", rich_help_panel=PANEL, help="This node's rank (multi-node).")
+    return typer.Option(0, "--node-rank", rich_help_panel=PANEL, help="This node's rank (multi-node).")
 
 
 def rdzv_endpoint_option() -> Any:
-    return typer.Option(None, "--rdzv-endpoint", "--rdzv_endpoint", show_default=False, rich_help_panel=PANEL,
+    return typer.Option(None, "--rdzv-endpoint", show_default=False, rich_help_panel=PANEL,
                         help="HOST:PORT of node 0 for multi-node rendezvous.")
 
 
 def rdzv_id_option() -> Any:
-    return typer.Option(None, "--rdzv-id", "--rdzv_id", show_default=False, rich_help_panel=PANEL,
+    return typer.Option(None, "--rdzv-id", show_default=False, rich_help_panel=PANEL,
                         help="Rendezvous id, as torchrun.")
 
 
@@ -52,7 +51,7 @@ def worker_argv(argv: list[str]) -> list[str]:
         if skip:
             skip = False
             continue
-        name = token.split("=", 1)[0]
+        name = token.split("=", 1)[0].replace("_", "-")  # torchrun's underscore spellings too
         if name in LAUNCHER_FLAGS:
             skip = "=" not in token
             continue

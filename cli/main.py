@@ -82,33 +82,90 @@ def main(argv: list[str] | None = None) -> None:
 def _run(argv: list[str] | None) -> None:
     from fastgen.cli import common
 
-    from fastgen.utils.errors import FastGenError
+    from fastgen.utils.errors import FastGenError, UsageError
 
-    common.ARGV = list(sys.argv[1:] if argv is None else argv)
+    common.ARGV = hyphenated(list(sys.argv[1:] if argv is None else argv))
     debug = os.environ.get("FASTGEN_DEBUG") == "1"
     try:
-        app(args=argv, prog_name="fastgen")
-    except SystemExit as exc:
+        _check_urls(common.ARGV)
+        try:
+            # standalone_mode=False: click hands its usage errors (unknown option, bad value) to fastgen, which prints
+            # them as its own one line, and returns the exit code of typer.Exit instead of exiting.
+            code = app(args=common.ARGV, prog_name="fastgen", standalone_mode=False)
+        except Exception as exc:  # noqa: BLE001 - click's own exceptions (typer may vendor click: matched by name)
+            kinds = {cls.__name__ for cls in type(exc).__mro__}
+            if "NoArgsIsHelpError" in kinds:  # `fastgen` alone (or a group without a command): the help
+                exc.show()  # type: ignore[attr-defined]
+                code = exc.exit_code  # type: ignore[attr-defined]
+            elif "ClickException" in kinds:
+                context = getattr(exc, "ctx", None)
+                where = context.command_path if context is not None else "fastgen"
+                raise UsageError(f"{exc.format_message()} (see `{where} --help`)") from exc  # type: ignore[attr-defined]
+            elif "Abort" in kinds:
+                code = 130
+            else:
+                raise
+        code = code if isinstance(code, int) else 0
+        if code == 130:  # Ctrl-C inside a command; a run that was starting has already removed what it created
+            _fail("interrupted (Ctrl-C)", 130)
         if argv is None:  # this process is the command (not a caller in another program): it ends now
             _freeze_for_exit()
-        # Typer turns Ctrl-C (KeyboardInterrupt) inside a command into a silent exit 130; say what happened.
-        # A run that was starting has already removed what it created (fastgen.trainer).
-        if exc.code == 130:
-            _fail("interrupted (Ctrl-C)", 130)
+        sys.exit(code)
+    except SystemExit:
+        if argv is None:
+            _freeze_for_exit()
         raise
     except FastGenError as exc:
         if debug:
-            raise
+            _print_traceback()  # the traceback, then the same exit code as without FASTGEN_DEBUG
         _fail(str(exc), exc.exit_code, secondary=_follows_another_rank(exc))
     except KeyboardInterrupt:
         _fail("interrupted (Ctrl-C)", 130)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 1
-        if debug:
-            raise
         from fastgen.utils.errors import one_line
 
+        if debug:
+            _print_traceback()
+            _fail(one_line(exc), 1, secondary=_follows_another_rank(exc))
         _fail(f"{one_line(exc)} (run with FASTGEN_DEBUG=1 for the traceback)", 1,
               secondary=_follows_another_rank(exc))
+
+
+def _print_traceback() -> None:
+    """``FASTGEN_DEBUG=1``: the traceback of the error being handled, on stderr, before its one line. The exit code
+    stays what the error's kind says (2 for usage, 1 for runtime), so a script sees the same code with and without
+    debugging."""
+    import traceback
+
+    traceback.print_exc(file=sys.stderr)
+    sys.stderr.flush()
+
+
+# Options also accepted with underscores (torchrun's and older fastgen's spelling); --help shows the hyphenated one.
+UNDERSCORE_SPELLINGS = frozenset({"--log_level", "--nproc_per_node", "--node_rank", "--rdzv_endpoint", "--rdzv_id",
+                                  "--max_restarts"})
+
+
+def hyphenated(argv: list[str]) -> list[str]:
+    """``argv`` with the underscore spellings of options turned into the hyphenated ones the commands declare (up to
+    the lone ``-`` that starts the config overrides, which are left as they are)."""
+    out: list[str] = []
+    for index, token in enumerate(argv):
+        if token == "-":
+            return out + argv[index:]
+        name, sep, value = token.partition("=")
+        out.append(name.replace("_", "-") + sep + value if name in UNDERSCORE_SPELLINGS else token)
+    return out
+
+
+def _check_urls(argv: list[str]) -> None:
+    """A malformed S3 URL anywhere on the command line (an argument, an option's value, an override's value) is a
+    usage error before any command runs: as a local path it would create a ``./s3:`` folder."""
+    from fastgen.utils.io import check_url_form
+
+    for token in argv:
+        name, sep, value = token.partition("=")
+        check_url_form(value if sep else token, name if sep else "argument")
 
 
 def _in_multi_rank_job() -> bool:

@@ -87,7 +87,7 @@ def profile(
     config: Optional[str] = typer.Option(None, "--config", "-c", help="Config .py file, a run's config.yaml, or a recipe name. Default: the digits quick-start.", show_default=False),
     iters: int = typer.Option(3, "--iters", "-n", help="Iterations to run and record (from iteration 0: the first optimizer step allocates its state)."),
     output: Optional[str] = typer.Option(None, "--out", "-o", help="Report path (.html); snapshots go beside it. Default: <run dir>/memory/memory_report.html.", show_default=False),
-    log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
     """Run a few iterations with memory tracking; print the peak and the top consumers; write an HTML report.
 

@@ -68,7 +68,7 @@ def sample(
     guidance: Optional[float] = typer.Option(None, "--guidance", help="Classifier-free guidance scale of --teacher / an SFT model (default: the run's model.guidance_scale).", show_default=False),
     weights: Optional[str] = typer.Option(None, "--weights", help="The diffusers pipeline folder of the VAE and text encoders (default: the run's model.pretrained_model_path).", show_default=False),
     credentials_dir: Optional[str] = typer.Option(None, "--credentials-dir", help="Folder whose s3.json holds S3 credentials (default: the run's credentials_dir, else AWS_* variables).", show_default=False),
-    log_level: str = typer.Option("WARNING", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
     """Draw samples from a checkpoint: an .npz for `fastgen eval` and a PNG grid."""
     from fastgen.utils.errors import UsageError
@@ -94,6 +94,14 @@ def sample(
     import time
     from pathlib import Path
 
+    from fastgen.utils.io import check_writable_dir
+
+    if out_path is not None:  # before the run is loaded: a bad --out fails now
+        chosen = Path(out_path).expanduser()
+        if not prompts and chosen.is_dir():
+            raise UsageError(f"--out {out_path} is a folder: name the .npz to write, e.g. {chosen / 'samples.npz'}")
+        check_writable_dir(chosen if prompts else chosen.parent, what="the folder of --out",
+                           hint="Choose another --out path.")
     from fastgen.evaluation.sampling import (
         dataset_of_config,
         draw_samples,
@@ -115,9 +123,7 @@ def sample(
         target = run.run_dir / "samples" / f"{stem}.npz"
     else:
         target = Path(out_path).expanduser()
-    from fastgen.utils.io import check_writable_dir
-
-    check_writable_dir(target.parent)
+    check_writable_dir(target.parent, what="the samples folder", hint="Pass --out to write elsewhere.")
 
     start = time.perf_counter()
     if interactive():
@@ -185,7 +191,7 @@ def _sample_prompts(run, net, which: str, prompts: list[str], per_prompt: int, s
     seeds = [seed + i for i in range(len(expanded))]
     target = (Path(out_path).expanduser() if out_path is not None
               else run.run_dir / "samples" / f"prompts_{run.iteration:07d}_{which}_seed{seed}")
-    check_writable_dir(target)
+    check_writable_dir(target, what="the samples folder", hint="Pass --out to write elsewhere.")
     latent_shape = list(run.config.model.input_shape)
     start = time.perf_counter()
     if interactive():

@@ -40,7 +40,7 @@ Examples:
 \b
   # check the resolved config without training, verbose logging
   fastgen train --config=Digits/config_sft_digits --dryrun
-  fastgen train --config=Digits/config_sft_digits --log_level DEBUG
+  fastgen train --config=Digits/config_sft_digits --log-level DEBUG
 
 \b
   # distributed: 2 processes on this machine (torchrun's agent; gloo on CPU, NCCL on GPUs), DDP or FSDP2
@@ -59,7 +59,7 @@ runs distinct names with log_config.name=...
 def train(
     overrides: Optional[List[str]] = typer.Argument(None, help="Config overrides, e.g. trainer.max_iter=100.", show_default=False),
     config: Optional[str] = typer.Option(None, "--config", "-c", help="Config .py file, a run's config.yaml, or a recipe name. Default: the digits quick-start.", show_default=False),
-    log_level: str = typer.Option("INFO", "--log_level", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
     dryrun: bool = typer.Option(False, "--dryrun", "--dry-run", help="Resolve and print the config, then exit without training."),
     eval_samples: Optional[int] = typer.Option(
         None, "--eval-samples", min=0, show_default=False,
@@ -71,12 +71,19 @@ def train(
     node_rank: int = node_rank_option(),
     rdzv_endpoint: Optional[str] = rdzv_endpoint_option(),
     rdzv_id: Optional[str] = rdzv_id_option(),
-    max_restarts: int = typer.Option(0, "--max-restarts", "--max_restarts", rich_help_panel=PANEL,
-                                     help="Restart the workers this many times after a failure (they resume from the newest checkpoint)."),
+    max_restarts: int = typer.Option(0, "--max-restarts", rich_help_panel=PANEL,
+                                     help="Restart the workers this many times after a failure (they resume from the newest checkpoint). "
+                                     "CUDA (NCCL) only: on CPU, torch's gloo backend cannot re-form the group after a "
+                                     "restart, so the flag is refused; rerun the command to resume."),
 ) -> None:
     """Train or distill a model."""
     setup_logging(log_level)
     resolved = resolve_config(config, overrides)
+    if not dryrun and resolved.trainer.max_iter == 0:
+        from fastgen.utils.errors import ConfigError
+
+        raise ConfigError("trainer.max_iter=0 trains nothing (it counts optimizer steps in total, restored ones "
+                          "included): set it to the step to train up to")
     if not dryrun:
         from fastgen.configs.checks import check_data_paths
 
@@ -87,6 +94,8 @@ def train(
 
             raise UsageError("--dryrun does not launch workers; use `fastgen dryrun --nproc-per-node N` for the "
                              "per-rank plan")
+        if max_restarts > 0:
+            _refuse_restarts_on_gloo(resolved.trainer.device)
         launch_workers(resolved, nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, rdzv_id, max_restarts)
         return
     if dryrun:
@@ -187,3 +196,20 @@ def register(app: typer.Typer) -> None:
 
 
 __all__ = ["print_error", "register", "train"]
+
+
+def _refuse_restarts_on_gloo(device: str) -> None:
+    """``--max-restarts`` on CPU: after torchrun's agent restarts the workers, gloo's ``connectFullMesh`` fails
+    ("Connection refused") when the new workers form their group (torch 2.13; plain torchrun fails the same way),
+    so the restart the flag promises never trains. Refuse it up front instead of failing after the first crash."""
+    from fastgen.utils.errors import UsageError
+
+    if device == "cpu" or (device == "auto" and not _cuda_available()):
+        raise UsageError("--max-restarts needs CUDA workers (NCCL): on CPU torch's gloo backend cannot re-form the "
+                         "process group after a restart; drop the flag and rerun the command to resume")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import threading
 import time
@@ -58,6 +59,7 @@ from fastgen.callbacks.loss_scale import LossScaleCallback
 from fastgen.checkpoint.manager import CheckpointManager, TrainingState, load_pretrained, rebuild_frozen
 from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import instantiate
+from fastgen.distributed.launch import LAUNCHED_ENV
 from fastgen.distributed import group as dist_utils
 from fastgen.distributed.parallelize import apply_compile, parallelize, set_gradient_sync
 from fastgen.utils.amp import autocast
@@ -345,7 +347,29 @@ class Trainer:
             seed_everything(self.config.trainer.seed + dist_utils.get_rank())  # rank-local streams from here
         cb.on_train_begin(model, iteration=self.iteration)
         self._write_config_yaml()
+        self._log_banner(model, checkpoint_path if payload is not None else None)
         return model
+
+    def _log_banner(self, model: Any, checkpoint_path: str | None) -> None:
+        """One block on rank 0 before the first step: where the run is, on what, how big, and where it started."""
+        world = dist_utils.get_world_size()
+        device = str(self.device)
+        if self.device.type == "cuda":
+            device += f" ({torch.cuda.get_device_name(self.device)})"
+        trainable = set(getattr(model, "trainable_modules", {}))
+        sizes = []
+        for name, module in model.model_dict.items():
+            count = sum(p.numel() for p in module.parameters())
+            sizes.append(f"{name} {_count(count)}{'' if name in trainable else ' frozen'}")
+        per_rank = int(getattr(self.dataloader_train, "batch_size", 0) or 0)
+        batch = (f"global batch {self.global_batch_size} ({per_rank} per rank x {world} rank(s)"
+                 + (f" x {self.accum_rounds} accumulation rounds" if self.accum_rounds > 1 else "") + ")")
+        pretrained = self.config.trainer.checkpointer.pretrained_ckpt_path
+        start = (f"resumed from {checkpoint_path} at iteration {self.iteration}" if checkpoint_path
+                 else f"a fresh start from {pretrained}" if pretrained else "a fresh start")
+        logger.info("run %s: %d rank(s) on %s; parameters %s; %s; %s; trainer.max_iter=%d", self.run_dir, world,
+                    device + (" each" if world > 1 else ""), ", ".join(sizes), batch, start,
+                    self.config.trainer.max_iter)
 
     def _on_peer_failure(self, message: str) -> None:
         """Another rank failed (``FailureWatch``) and this one is still running - most likely blocked in a
@@ -431,8 +455,11 @@ class Trainer:
             if self._stop_signal is not None and signum == signal.SIGINT:
                 raise KeyboardInterrupt  # a second Ctrl-C: stop now
             self._stop_signal = signum
-            logger.warning("received %s: stopping after this step and saving a checkpoint",
-                           signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            if signum == signal.SIGTERM and os.environ.get(LAUNCHED_ENV) == "1":
+                # torchrun's agent passes a Ctrl-C (or a scheduler's SIGTERM) on to its workers as SIGTERM
+                name = "SIGTERM from the launcher (Ctrl-C, or the job being stopped)"
+            logger.warning("received %s: stopping after this step and saving a checkpoint", name)
 
         previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -713,3 +740,11 @@ class Trainer:
                     "  ".join(f"{k} {v:.4f}" for k, v in means.items()))
         cb.on_validation_end(model, loss_dict=means, iteration=self.iteration)
         return means
+
+
+def _count(number: int) -> str:
+    """``1234567`` -> ``"1.2M"``."""
+    for unit, size in (("B", 10**9), ("M", 10**6), ("k", 10**3)):
+        if number >= size:
+            return f"{number / size:.1f}{unit}"
+    return str(number)

@@ -27,7 +27,7 @@ LONGEST_FIRST = {
     "evaluation/test_teacher_cache.py": 70, "networks/test_compile.py": 65, "configs/test_recipes.py": 64,
     "e2e/test_cli.py": 55, "e2e/test_convert_ckpt.py": 55, "distributed/test_dryrun_plan.py": 50,
     "e2e/test_s3_checkpoints.py": 65, "datasets/test_encode_data.py": 60, "e2e/test_edm_recipe.py": 40,
-    "utils/test_posthoc_ema.py": 30, "distributed/test_kd_cache_ranks.py": 25, "methods/test_frozen_teacher.py": 20,
+    "e2e/test_command_edges.py": 190, "e2e/test_command_edges_runs.py": 90, "utils/test_posthoc_ema.py": 30, "distributed/test_kd_cache_ranks.py": 25, "methods/test_frozen_teacher.py": 20,
 }
 
 

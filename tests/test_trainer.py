@@ -399,15 +399,20 @@ class SlowWrites(Callback):
             self.release.set()
 
 
-def test_an_async_monolithic_save_writes_the_state_of_its_iteration() -> None:
+def test_an_async_monolithic_save_writes_the_state_of_its_iteration(fastgen_records) -> None:
     """The background writer gets its own host copy of every tensor (one, ``full_state_dict(copy=True)``): its
-    file equals a synchronous save of the same iteration even when training moved on before it was written."""
+    file equals a synchronous save of the same iteration even when training moved on before it was written. The
+    log says "saving" when it starts and "saved" once it is on disk."""
     sync = Trainer(tiny_toy_config("sync_save", max_iter=6))
     sync.run()
     config = tiny_toy_config("async_save", max_iter=6)
     config.trainer.checkpointer.async_save = True
     held = Trainer(config, extra_callbacks={"slow_writes": SlowWrites(iteration=3, steps=2)})
     held.run()
+    messages = [r.getMessage() for r in fastgen_records.records]
+    for iteration in (3, 6):
+        path = str(held.checkpointer.path_for(iteration))
+        assert f"saving checkpoint {path}" in messages and f"saved checkpoint {path}" in messages, messages
     from fastgen_testing import assert_same_tree, state_tensors
 
     assert_same_tree(state_tensors(load_checkpoint(held.checkpointer.path_for(3))),

@@ -95,10 +95,9 @@ def _start_wandb(wandb: Any, mode: str, **kwargs: Any) -> Any:
     try:
         return wandb.init(mode=mode, settings=wandb.Settings(silent=True, console="off"), **kwargs)
     except wandb.errors.Error as exc:
-        text = " ".join(str(exc).split())
-        key = os.environ.get("WANDB_API_KEY")
-        if key:
-            text = text.replace(key, "<redacted>")
+        from fastgen.utils.secrets import redact_text, secret_values
+
+        text = redact_text(" ".join(str(exc).split()), secret_values())
         if len(text) > 300:
             text = text[:300].rsplit(" ", 1)[0] + " ..."
         raise UsageError(

@@ -71,7 +71,7 @@ from fastgen.checkpoint.checkpointer import FORMAT, VERSION, dcp_folder
 from fastgen.checkpoint.dcp_safe import SafeFileSystemReader, SafeWholeLoadPlanner
 from fastgen.utils.dtypes import FLOAT_DTYPES
 from fastgen.utils.errors import CheckpointError, UsageError, first_line
-from fastgen.utils.io import _fsync_dir, give_new_file_mode
+from fastgen.utils.io import _fsync_dir, check_can_create, give_new_file_mode
 from fastgen.utils.logging import get_logger
 from fastgen.utils.safe_pickle import CorruptFileError, torch_load
 
@@ -186,7 +186,7 @@ class MonolithicSource(Source):
             if _looks_like_zip(self.path):
                 reason = exc.reason.split(". ")[0]
                 raise CheckpointError(f"checkpoint {self.description} is corrupt or truncated ({reason})") from None
-            raise UsageError(f"{self.description} is not a fastgen checkpoint (not a torch zip file)") from None
+            raise CheckpointError(f"{self.description} is corrupt or not a checkpoint (not a torch zip file)") from None
 
     def read(self, paths: list[TreePath]) -> dict[TreePath, torch.Tensor]:
         payload = self._open()
@@ -706,6 +706,7 @@ def local_destination(dst: str, fmt: str, iteration: int) -> Destination:
     for existing in (destination.path, destination.marker):
         if existing is not None and (existing.exists() or existing.is_symlink()):
             raise UsageError(f"{existing} exists: convert-ckpt never overwrites; choose a new destination")
+    check_can_create(destination.path, "the destination", "Choose another DST.")
     return destination
 
 

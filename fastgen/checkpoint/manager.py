@@ -52,6 +52,7 @@ accepts only DCP's own classes (``SafeFileSystemReader``), as every other checkp
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,11 @@ from fastgen.checkpoint.checkpointer import (
     dcp_errors,
 )
 from fastgen.checkpoint.stores import torch_save_to
+
+# One process saving or loading a sharded checkpoint (FSDP on one rank) is intended here: DCP's warning that it
+# "assumes the intent is to save in a single process" would otherwise print on every save and load.
+warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized",
+                        category=UserWarning)
 from fastgen.distributed import group as dist_utils
 from fastgen.distributed.parallelize import (
     full_optimizer_state_dict,
@@ -206,6 +212,7 @@ class CheckpointManager:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.finish()
+            logger.info("saved checkpoint %s", pending.marker)
 
     def abandon(self) -> None:
         """Drop the save in flight without waiting for the other ranks (a failed multi-rank job): no marker is
@@ -253,13 +260,15 @@ class CheckpointManager:
             }
         if not dist_utils.is_rank0():
             payload = {}
+        needed = _tensor_bytes(payload)
         if self.async_save:
             self._pending = _PendingSave(self, marker, writer=lambda: self.store.write(state.iteration,
-                                                                                         torch_save_to(payload)))
+                                                                                         torch_save_to(payload)),
+                                         needed=needed)
             return
-        self._finish_monolithic(marker, lambda: self.store.write(state.iteration, torch_save_to(payload)))
+        self._finish_monolithic(marker, lambda: self.store.write(state.iteration, torch_save_to(payload)), needed)
 
-    def _finish_monolithic(self, marker: str, write: Any) -> None:
+    def _finish_monolithic(self, marker: str, write: Any, needed: int | None = None) -> None:
         error = None
         if dist_utils.is_rank0():
             try:
@@ -267,8 +276,21 @@ class CheckpointManager:
             except Exception as exc:  # noqa: BLE001 - every rank must learn that the save failed
                 error = exc
         if dist_utils.any_rank(error is not None):
-            raise CheckpointError(f"saving checkpoint {marker} failed"
-                                  + (f": {error}" if error is not None else " on rank 0")) from error
+            raise CheckpointError(self.save_failure(marker, error, needed)) from error
+
+    def save_failure(self, marker: str, error: BaseException | None, needed: int | None = None) -> str:
+        """The one line for a failed monolithic save: a full disk names the device, the bytes needed and free, and
+        the newest checkpoint left intact (saves replace files by renaming, so none was touched)."""
+        if error is None:
+            return f"saving checkpoint {marker} failed on rank 0"
+        from fastgen.utils.io import no_space_message
+
+        full = no_space_message(error, marker, needed)
+        if full is None:
+            return f"saving checkpoint {marker} failed: {first_line(error)}"
+        previous = self.store.newest_valid()
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint was written"
+        return f"saving checkpoint failed: {full}; {kept}. Free space or set trainer.checkpointer.save_dir elsewhere"
 
     def _save_sharded(self, state: TrainingState, extras: dict[str, Any], marker: str) -> None:
         import torch.distributed.checkpoint as dcp
@@ -290,7 +312,7 @@ class CheckpointManager:
             return
         try:
             dcp.save(tensors, storage_writer=writer)
-        except dcp_errors() as exc:
+        except dcp_errors() as exc:  # the failed rank's own error (a full disk: its "No space left on device")
             raise CheckpointError(f"saving sharded checkpoint {folder} failed: {first_line(exc)}") from None
         self._write_marker(marker, extras)
 
@@ -367,6 +389,17 @@ class CheckpointManager:
                         saved_world, dist_utils.get_world_size())
 
 
+def _tensor_bytes(tree: Any) -> int:
+    """The bytes of every tensor in a nested payload: what its ``torch.save`` needs on disk, near enough."""
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(_tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in tree)
+    return 0
+
+
 class _PendingSave:
     """A save in flight: DCP's future (sharded) or a writer thread (monolithic).
 
@@ -376,8 +409,9 @@ class _PendingSave:
     the save went (a collective)."""
 
     def __init__(self, manager: CheckpointManager, marker: str, future: Any = None, extras: Any = None,
-                 writer: Any = None) -> None:
+                 writer: Any = None, needed: int | None = None) -> None:
         self.manager, self.marker, self.future, self.extras = manager, marker, future, extras
+        self.needed = needed
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
         self.marker_written = threading.Event()
@@ -418,8 +452,7 @@ class _PendingSave:
         if self.thread is not None:
             self.thread.join()
         if dist_utils.any_rank(self.error is not None):
-            raise CheckpointError(f"saving checkpoint {self.marker} failed"
-                                  + (f": {first_line(self.error)}" if self.error else " on rank 0"))
+            raise CheckpointError(self.manager.save_failure(self.marker, self.error, self.needed))
 
 
 # ---- formats -------------------------------------------------------------------------------------------------------

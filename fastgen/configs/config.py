@@ -204,6 +204,11 @@ class BaseConfig(StrictConfig):
     dataloader_val: Optional[DictConfig] = None
     log_config: LogConfig = attrs.field(factory=LogConfig)
     credentials_dir: str = "./credentials/"
+    # Folders put at the front of sys.path before the config's LazyCall targets are imported. Loading a config file
+    # from outside the fastgen package records its folder (and the working directory it was loaded from), so a
+    # run's config.yaml imports the custom modules it names (an `init --callback` callback, a network of your own)
+    # wherever it is loaded from.
+    import_paths: list[str] = attrs.field(factory=list)
 
 
 __all__ = [

@@ -20,7 +20,6 @@ import hashlib
 import importlib
 import importlib.util
 import os
-import re
 import sys
 from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
@@ -39,23 +38,14 @@ from fastgen.configs.schema import (
     to_plain,
     validate_tree,
 )
-from fastgen.utils.errors import ConfigError, first_line
+from fastgen.utils.errors import ConfigError, FastGenError, first_line
+from fastgen.utils import secrets as secrets_rule
 from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
 EXPERIMENTS_PACKAGE = "fastgen.configs.experiments"
-REDACTED = "<redacted>"
-# Key names that hold secrets: api_key, secret_access_key, session_token, password... (not max_tokens,
-# not credentials_dir, which is a path).
-_SECRET_KEY = re.compile(r"(^|_)(api_?keys?|secrets?|tokens?|passwords?|passwd)(_|$)", re.IGNORECASE)
-_SECRET_ENV_VARS = (
-    "WANDB_API_KEY",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_ACCESS_KEY_ID",
-    "OPENAI_API_KEY",
-)
+REDACTED = secrets_rule.REDACTED  # the marker config.yaml holds where a secret was
 
 
 # --------------------------------------------------------------------------------------------------- loading
@@ -178,7 +168,27 @@ def _config_from_python(path: Path) -> BaseConfig:
         )
     if config.log_config.name is None:
         config.log_config.name = path.stem
+    _record_import_paths(config, path)
     return config
+
+
+def _record_import_paths(config: BaseConfig, path: Path) -> None:
+    """A config file from outside the fastgen package may name modules beside it or under the working directory it
+    was loaded from (``_import_config_module`` puts both on ``sys.path``): record those folders in
+    ``import_paths`` so that the run's ``config.yaml`` finds the modules again from anywhere."""
+    package_root = Path(__file__).resolve().parents[1]
+    if path.resolve().is_relative_to(package_root):
+        return
+    for folder in (str(path.resolve().parent), str(Path.cwd())):
+        if folder not in config.import_paths:
+            config.import_paths.append(folder)
+
+
+def use_import_paths(folders: Iterable[str]) -> None:
+    """Put ``folders`` (a config's ``import_paths``) at the front of ``sys.path``, keeping their order."""
+    for folder in reversed([str(f) for f in folders]):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
 
 
 def _where_in(exc: BaseException, path: Path) -> str:
@@ -202,6 +212,9 @@ def config_from_yaml(path: Path) -> BaseConfig:
         raise ConfigError(f"cannot parse {path}{where}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} does not hold a config mapping")
+    paths = data.get("import_paths") or []
+    if isinstance(paths, list):
+        use_import_paths(paths)  # before any LazyCall target of the file is looked up
     return build_from_mapping(BaseConfig, data)
 
 
@@ -209,6 +222,10 @@ def load_config(spec: str | os.PathLike[str]) -> BaseConfig:
     """Load a config from a ``.py`` file, a ``config.yaml`` or a built-in recipe name."""
     text = os.fspath(spec)
     path = Path(text).expanduser()
+    if path.is_dir() and resolve_recipe(text) is None:
+        inside = path / "config.yaml"
+        hint = f"this run's config is {inside}" if inside.is_file() else "give a config .py file, a run's config.yaml or a recipe name"
+        raise ConfigError(f"config {text} is a folder: {hint}")
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
             raise ConfigError(f"config file not found: {text}")
@@ -454,8 +471,27 @@ def validate_config(config: BaseConfig) -> BaseConfig:
                           f"set model.precision=float32 (it is {m.precision})")
     from fastgen.configs.checks import check_lazy_calls
 
+    use_import_paths(config.import_paths)  # an override may have added one
     check_lazy_calls(config)
+    _check_url_values(config_to_dict(config, redact_secrets=False))
     return config
+
+
+def _check_url_values(node: Any, key: str = "") -> None:
+    """Every string of the config that is almost an S3 URL (``s3:/bucket/key``) is refused, naming its key."""
+    from fastgen.utils.io import check_url_form
+
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_url_values(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for v in node:
+            _check_url_values(v, key)
+    elif isinstance(node, str):
+        try:
+            check_url_form(node, key)
+        except FastGenError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 DIFFUSERS_BACKBONES = "fastgen.networks.diffusers_nets."
@@ -479,21 +515,17 @@ def _check_pretrained_model_path(config: BaseConfig) -> None:
 
 
 # ------------------------------------------------------------------------------------------- serialization
-def _secret_values() -> set[str]:
-    return {v for v in (os.environ.get(k) for k in _SECRET_ENV_VARS) if v}
-
-
 def redact(node: Any, secrets: set[str] | None = None, key: str = "") -> Any:
-    """Replace secret-looking values in a plain tree: any value under a key that names a secret (api_key,
-    token, secret, password, ...) and any string equal to a credential found in the environment."""
-    secrets = _secret_values() if secrets is None else secrets
+    """Replace secrets in a plain tree by rule (``fastgen.utils.secrets``): any string under a key that names a
+    secret (``api_key``, ``accessToken``, ``private_key``...), and inside any string the values of the environment
+    variables that name secrets (``HF_TOKEN``, ``*_KEY``...) and URL passwords (``user:password@host``)."""
+    secrets = secrets_rule.secret_values() if secrets is None else secrets
     if isinstance(node, dict):
         return {k: redact(v, secrets, str(k)) for k, v in node.items()}
     if isinstance(node, list):
         return [redact(v, secrets, key) for v in node]
     if isinstance(node, str) and node:
-        if _SECRET_KEY.search(key) or node in secrets:
-            return REDACTED
+        return REDACTED if secrets_rule.is_secret_name(key) else secrets_rule.redact_text(node, secrets)
     return node
 
 

@@ -277,7 +277,7 @@ def prepare(name: str, output_dir: Path, *, force: bool = False, mirror: str | N
     if not force:
         status = dataset_status(name, output_dir)
         if status.ready:
-            logger.info("%s is already prepared in %s; --force prepares it again", name, folder)
+            logger.debug("%s is already prepared in %s; --force prepares it again", name, folder)
             return Prepared(name, folder, status.images, already=True)
     overrides = checksum_overrides(checksums)
     created_root = not output_dir.exists()

@@ -120,13 +120,26 @@ def collective_device() -> torch.device:
     return torch.device("cpu")
 
 
-def select_device(preference: str = "auto") -> torch.device:
-    """``auto``: this rank's CUDA device when CUDA is available, else CPU."""
+def select_device(preference: str = "auto", label: str | None = None) -> torch.device:
+    """``auto``: this rank's CUDA device when CUDA is available, else CPU; otherwise the named device, which must
+    exist here (a one-line ``ConfigError`` naming ``label``, default ``trainer.device=<preference>``)."""
     if preference == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", get_local_rank() % max(torch.cuda.device_count(), 1))
         return torch.device("cpu")
-    return torch.device(preference)
+    from fastgen.utils.errors import ConfigError
+
+    label = label or f"trainer.device={preference}"
+    try:
+        device = torch.device(preference)
+    except RuntimeError:
+        raise ConfigError(f"{label}: not a device name (use auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{label}: torch sees no CUDA device on this machine (a CPU-only torch build, or no GPU "
+                          "visible); use auto or cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"{label}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def launched_world_size() -> int:

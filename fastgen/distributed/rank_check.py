@@ -137,10 +137,18 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 def config_fingerprint(config: Any) -> tuple[str, dict[str, str]]:
     """sha256 of the resolved config YAML (secrets redacted), and a short digest per dotted key (to name the keys
     that differ when the fingerprints do)."""
-    from fastgen.configs.config_utils import config_to_dict, config_to_yaml
+    from omegaconf import OmegaConf
 
-    keys = {k: hashlib.sha256(repr(v).encode()).hexdigest()[:16] for k, v in _flatten(config_to_dict(config)).items()}
-    return hashlib.sha256(config_to_yaml(config).encode()).hexdigest(), keys
+    from fastgen.configs.config_utils import config_to_dict
+
+    # import_paths are where this node found the config file (its folder, its working directory): they may differ
+    # between nodes that run the same config, so they are not part of what the ranks must agree on
+    plain = {k: v for k, v in config_to_dict(config).items() if k not in NODE_LOCAL_KEYS}
+    keys = {k: hashlib.sha256(repr(v).encode()).hexdigest()[:16] for k, v in _flatten(plain).items()}
+    return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(plain)).encode()).hexdigest(), keys
+
+
+NODE_LOCAL_KEYS = ("import_paths",)
 
 
 def environment_info(config: Any) -> dict[str, Any]:

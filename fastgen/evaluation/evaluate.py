@@ -23,6 +23,9 @@ from typing import Any
 import numpy as np
 
 from fastgen.utils.errors import UsageError
+from fastgen.utils.logging import get_logger
+
+logger = get_logger(__name__)
 
 DATASETS = ("digits", "toy:<name>", "cifar10", "imagenet")
 
@@ -138,6 +141,7 @@ def evaluate_arrays(arr_0: np.ndarray, arr_1: np.ndarray | None, dataset: str, s
     """Metrics of samples for ``dataset`` (see the module docstring); always includes ``dataset`` and
     ``num_samples``. ``seed`` draws the toy reference points and projections."""
     if dataset == "digits":
+        check_fd_sample_count(len(arr_0), "digits")
         from fastgen.evaluation.digits import frechet_distance_digits
 
         metrics: dict[str, Any] = frechet_distance_digits(arr_0, arr_1)
@@ -153,6 +157,7 @@ def evaluate_arrays(arr_0: np.ndarray, arr_1: np.ndarray | None, dataset: str, s
         if ref_stats is None:
             raise UsageError(f"FID on {dataset} needs reference statistics: --ref-stats PATH (an .npz with mu/sigma, "
                              "an .npz of reference images, or an image folder)")
+        check_fd_sample_count(len(arr_0), "inception")
         cache: dict[str, Any] = {}
 
         def model() -> Any:
@@ -165,6 +170,24 @@ def evaluate_arrays(arr_0: np.ndarray, arr_1: np.ndarray | None, dataset: str, s
     else:
         raise UsageError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
     return {"dataset": dataset, **metrics}
+
+
+# Samples for a Fréchet distance whose sampling error is small against the differences it is used to tell apart:
+# the covariance of D-dimensional features is rank-deficient below D samples and noisy up to several times D.
+# Inception FID is conventionally reported on 50,000 (Heusel et al. 2017); below 10,000 it is biased upward by
+# several points.
+STABLE_FD_SAMPLES = {"digits": 1000, "inception": 10000}
+
+
+def check_fd_sample_count(count: int, features: str) -> None:
+    """A Fréchet distance needs a covariance: refuse fewer than 2 samples (``UsageError``), and warn below the
+    count at which the distance is stable, saying how many it needs."""
+    if count < 2:
+        raise UsageError(f"a Fréchet distance needs at least 2 samples (a covariance), got {count}: draw more, "
+                         f"e.g. `fastgen sample RUN -n {STABLE_FD_SAMPLES[features]}`")
+    if count < STABLE_FD_SAMPLES[features]:
+        logger.warning("%d samples are too few for a stable Fréchet distance with %s features: it is biased upward "
+                       "and noisy; use at least %d", count, features, STABLE_FD_SAMPLES[features])
 
 
 def evaluate_model(model: Any, n: int, seed: int = 0, steps: int | None = None, net: Any = None,

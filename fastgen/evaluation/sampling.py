@@ -41,16 +41,8 @@ def resolve_device(spec: str = "auto") -> torch.device:
     this machine does not have."""
     from fastgen.distributed import group as dist_utils
 
-    try:
-        device = dist_utils.select_device(spec)
-    except RuntimeError:
-        raise UsageError(f"--device {spec}: not a device name (use auto, cpu, cuda or cuda:N)") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device {spec}: CUDA is not available on this machine")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UsageError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif device.type not in ("cpu", "mps"):
+    device = dist_utils.select_device(spec, label=f"--device {spec}")
+    if device.type not in ("cpu", "cuda", "mps"):
         raise UsageError(f"--device {spec}: use auto, cpu, cuda or cuda:N")
     return device
 

@@ -110,6 +110,7 @@ def evaluate_prompt_samples(folder: str | Path, ref_stats: str | None = None, in
     images, prompts = read_prompt_samples(folder)
     metrics: dict[str, Any] = {"dataset": "text-to-image", "num_samples": len(images)}
     if ref_stats is not None:
+        from fastgen.evaluation.evaluate import check_fd_sample_count
         from fastgen.evaluation.fid import fid_from_images, load_reference_statistics
         from fastgen.evaluation.inception import load_inception
 
@@ -122,6 +123,7 @@ def evaluate_prompt_samples(folder: str | Path, ref_stats: str | None = None, in
             return inception
 
         reference = load_reference_statistics(ref_stats, model, batch_size=batch_size, device=device)
+        check_fd_sample_count(len(images), "inception")
         metrics["fid"] = fid_from_images(images, reference, model(), batch_size=batch_size, device=device,
                                          progress=progress)["fid"]
     if clip_model is not None:

@@ -102,6 +102,9 @@ def export_diffusers(src: str, out: str, only: str | None = None, weights: str |
         raise UsageError("--to diffusers writes a local folder: upload it afterwards")
     if target.exists():
         raise UsageError(f"{target} exists: --to diffusers writes a new folder")
+    from fastgen.utils.io import check_can_create
+
+    check_can_create(target, "the pipeline folder", "Choose another destination.")
     run = load_run(src, credentials_dir=credentials_dir)
     model = run.model
     which = only or ("ema" if len(getattr(model, "ema_nets", {})) else "net")

@@ -38,6 +38,20 @@ def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(name)
 
 
+class RedactSecretsFilter(logging.Filter):
+    """Scrub secrets from a record's message before any handler writes it: the values of environment variables that
+    name secrets and URL passwords (``fastgen.utils.secrets``), read when the record is logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from fastgen.utils.secrets import redact_text, secret_values
+
+        message = record.getMessage()
+        cleaned = redact_text(message, secret_values())
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
 def install_handler(handler: logging.Handler, level: str | int = "INFO") -> None:
     """Route fastgen's records to ``handler`` (rank-0 filtered), replacing a handler installed earlier.
 
@@ -47,6 +61,7 @@ def install_handler(handler: logging.Handler, level: str | int = "INFO") -> None
     for old in [h for h in root.handlers if getattr(h, "_fastgen_handler", False)]:
         root.removeHandler(old)
     handler.addFilter(RankZeroFilter())
+    handler.addFilter(RedactSecretsFilter())
     handler._fastgen_handler = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.propagate = False

@@ -128,16 +128,34 @@ def list_snapshots(source: str | Path) -> list[Snapshot]:
     return sorted(found, key=lambda s: (s.t, s.ema_name))
 
 
-def reconstruct(source: str | Path, sigma_rel: float, at: int | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def reconstruct(source: str | Path, sigma_rel: float, at: int | None = None,
+                max_error: float | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The EMA of width ``sigma_rel`` at update ``at`` (default: the newest snapshot's), combined from every
-    snapshot written up to then; returns its state dict and what was used (weights, error)."""
+    snapshot written up to then; returns its state dict and what was used (weights, error).
+
+    ``at`` must be an update some snapshot was written at: EDM2's least squares (App. C.2, Eq. 18) matches the
+    target profile with profiles that end at or before ``at``, so between snapshots (the newest one ends early) or
+    past the newest the match is poor (a relative error near 1) and past the newest nothing covers the updates in
+    between. With ``max_error`` set, a relative profile error above it is refused (``UsageError``) before any
+    weights are read."""
     gamma_r = gamma_from_sigma_rel(float(sigma_rel))
     snapshots = list_snapshots(source)
     t_r = snapshots[-1].t if at is None else int(at)
+    times = sorted({s.t for s in snapshots})
+    span = f"snapshots were written at updates {times[0]}..{times[-1]} ({len(times)} of them)"
+    if t_r not in times:
+        where = ("past the newest snapshot" if t_r > times[-1] else "before the first snapshot" if t_r < times[0]
+                 else "between snapshots")
+        nearest = [t for t in times if t <= t_r][-1:] + [t for t in times if t > t_r][:1]
+        raise UsageError(f"--at {t_r} is {where}, so no EMA can be reconstructed there ({span}): use a snapshot's "
+                         f"update, e.g. {' or '.join(map(str, nearest))}")
     used = [s for s in snapshots if s.t <= t_r]
-    if not used or t_r <= 0:
-        raise UsageError(f"no snapshot was written at or before update {t_r} (the first is at {snapshots[0].t})")
     x, error = solve_weights([(float(s.t), s.gamma) for s in used], float(t_r), gamma_r)
+    if max_error is not None and error > max_error:
+        raise UsageError(f"sigma_rel {sigma_rel} at update {t_r} reconstructs with relative profile error {error:.3f}, "
+                         f"above --max-error {max_error} ({span}, widths tracked: "
+                         f"{', '.join(f'{sigma_rel_from_gamma(g):.3f}' for g in sorted({s.gamma for s in used}))}); "
+                         "choose a width nearer the tracked ones or a later snapshot, or raise --max-error")
     combined: dict[str, torch.Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
     for weight, snap in zip(x, used):

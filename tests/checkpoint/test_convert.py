@@ -129,7 +129,6 @@ def test_bad_input_is_a_usage_error_and_leaves_nothing(trained: Path, tmp_path: 
     torch.save({"hello": "world"}, tmp_path / "other.pth")
     cases = [
         (str(tmp_path / "missing.pth"), str(out / "a.pth"), {}, "checkpoint not found"),
-        (str(tmp_path / "notes.txt"), str(out / "a.pth"), {}, "not a fastgen checkpoint"),
         (str(tmp_path / "other.pth"), str(out / "a.pth"), {}, "not a fastgen checkpoint"),
         (str(trained), str(out / "a.bin"), {}, "cannot tell the format"),
         (str(trained), str(out / "a.pth"), {"to": "dcp"}, "does not fit"),
@@ -140,6 +139,9 @@ def test_bad_input_is_a_usage_error_and_leaves_nothing(trained: Path, tmp_path: 
     for src, dst, options, message in cases:
         with pytest.raises(UsageError, match=message):
             convert.convert_checkpoint(src, dst, **options)
+    # a file that is not a torch zip at all is a corrupt checkpoint (exit 1), as the README says
+    with pytest.raises(CheckpointError, match="corrupt or not a checkpoint"):
+        convert.convert_checkpoint(str(tmp_path / "notes.txt"), str(out / "a.pth"))
     assert entries(out) == set()
 
 

@@ -138,6 +138,7 @@ def test_seed_custom_config_example(tmp_path, monkeypatch):
     expected = toy_reference()
     expected.dataloader_train.batch_size = 32
     expected.log_config.name = "config_sft_toy_small"
+    expected.import_paths = [str(tmp_path)]  # the config file's folder (also the working directory), recorded
     assert config == expected
 
 

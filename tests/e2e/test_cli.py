@@ -152,11 +152,11 @@ def test_debug_env_shows_the_traceback(tmp_path: Path) -> None:
     """``FASTGEN_DEBUG=1`` turns the one-line error into the traceback of *that* error: a traceback of anything
     else (a crash on the way) or the one line alone fails."""
     result = run_cli("train", "--config=missing.py", cwd=tmp_path, env={"FASTGEN_DEBUG": "1"})
-    assert result.returncode != 0
+    assert result.returncode == 2  # the same exit code as without FASTGEN_DEBUG
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert "Traceback (most recent call last):" in lines, result.stderr
-    assert lines[-1] == "fastgen.utils.errors.ConfigError: config file not found: missing.py", result.stderr
-    assert not any(line.startswith("error:") for line in lines)
+    assert lines[-2] == "fastgen.utils.errors.ConfigError: config file not found: missing.py", result.stderr
+    assert lines[-1] == "error: config file not found: missing.py", result.stderr
     _one_line_error(run_cli("train", "--config=missing.py", cwd=tmp_path), 2, "config file not found: missing.py")
 
 

@@ -108,7 +108,7 @@ def test_bad_input_is_one_line_with_its_exit_code_and_nothing_at_dst(run_dir: Pa
     torch.save(payload, tmp_path / "mismatched.pth")
     cases = [
         ((str(tmp_path / "missing.pth"), str(out / "a.pth")), 2, ["checkpoint not found"]),
-        ((str(tmp_path / "junk.pth"), str(out / "a.pth")), 2, ["not a fastgen checkpoint"]),
+        ((str(tmp_path / "junk.pth"), str(out / "a.pth")), 1, ["corrupt or not a checkpoint"]),
         ((str(ckpt), str(out / "a.pth"), "--only", "fake_score"), 2, ["no network 'fake_score'", "it has: net, ema"]),
         ((str(ckpt), str(out / "a.pth"), "--to", "onnx"), 2, ["--to onnx"]),
         ((str(ckpt), str(out / "a.pth"), "--to", "dcp"), 2, ["does not fit"]),

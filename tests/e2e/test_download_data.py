@@ -83,6 +83,7 @@ def test_download_verify_convert_load_and_list(server: DataServer, tmp_path: Pat
     again = download("cifar10", "--output-dir", str(out), "--mirror", server.url + "/{dataset}", tmp_path=tmp_path,
                      checksums=checksums)
     assert again.returncode == 0 and "cifar10 already prepared" in again.stdout
+    assert "already prepared" not in again.stderr  # said once, not also as a log line
     assert len([r for r in server.requests if "cifar" in r[0]]) == 1  # nothing downloaded the second time
 
 

@@ -215,7 +215,7 @@ def test_dryrun_prints_the_per_rank_memory_estimate() -> None:
         assert f"{estimate[key]:,}" in result.stdout, key
     config.trainer.fsdp = True
     console = Console(record=True, width=200)
-    console.print(memory_table(config, build_meta_model(config), world_size=4))
+    console.print(memory_table(config, build_meta_model(config), world_size=4)[0])
     text = console.export_text()
     from fastgen.profiling.plan import plan_state
 
