@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5TokenizerFast
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer, T5TokenizerFast
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -23,6 +23,28 @@ def clip_encoder(hidden: int) -> CLIPTextModel:
     return CLIPTextModel(CLIPTextConfig(vocab_size=54, hidden_size=hidden, intermediate_size=2 * hidden,
                                         num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=12,
                                         bos_token_id=0, eos_token_id=1, pad_token_id=1)).eval()
+
+
+def clip_encoder_with_projection(hidden: int, projection: int) -> CLIPTextModelWithProjection:
+    """SDXL's second text encoder at toy size: its ``text_embeds`` (the projected pooled vector) are ``projection``
+    wide."""
+    return CLIPTextModelWithProjection(CLIPTextConfig(
+        vocab_size=54, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=2,
+        max_position_embeddings=12, bos_token_id=0, eos_token_id=1, pad_token_id=1, projection_dim=projection)).eval()
+
+
+def tiny_sdxl_pipeline(unet: Any, latent_channels: int = 1) -> Any:
+    """SDXL's pipeline at toy size around ``unet`` (``TINY_SDXL_UNET``: 16-wide text = 8 + 8 from the two encoders,
+    an 8-wide pooled vector): a 2-level VAE (16x16 pixels -> 8x8 latents), two CLIP encoders of 2 layers (the
+    penultimate state is SDXL's), the second with a projection."""
+    from diffusers import StableDiffusionXLPipeline
+
+    encoder = CLIPTextModel(CLIPTextConfig(vocab_size=54, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                                           num_attention_heads=2, max_position_embeddings=12, bos_token_id=0,
+                                           eos_token_id=1, pad_token_id=1)).eval()
+    return StableDiffusionXLPipeline(vae=tiny_vae(latent_channels, scaling_factor=0.13025), text_encoder=encoder,
+                                     text_encoder_2=clip_encoder_with_projection(8, 8), tokenizer=clip_tokenizer(),
+                                     tokenizer_2=clip_tokenizer(), unet=unet, scheduler=DDIMScheduler())
 
 
 def t5_tokenizer() -> T5TokenizerFast:
@@ -48,7 +70,7 @@ def tiny_sd_pipeline() -> StableDiffusionPipeline:
 
 
 def tiny_family_pipeline(family: str, network: Any) -> Any:
-    """A pipeline of ``family`` (sd, flux, wan) around ``network`` (the diffusers model of a fastgen network built
+    """A pipeline of ``family`` (sd, sdxl, flux, wan) around ``network`` (the diffusers model of a fastgen network built
     from ``fastgen.configs.net_diffusers``' ``TINY_*`` configs): one latent channel, 16x16 pixels -> 8x8 latents,
     text encoders as wide as the network's text input (16; Flux's pooled 8)."""
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, FluxPipeline, WanPipeline
@@ -58,6 +80,8 @@ def tiny_family_pipeline(family: str, network: Any) -> Any:
         return StableDiffusionPipeline(vae=tiny_vae(1), text_encoder=clip_encoder(16), tokenizer=clip_tokenizer(),
                                        unet=network, scheduler=DDIMScheduler(), safety_checker=None,
                                        feature_extractor=None, requires_safety_checker=False)
+    if family == "sdxl":
+        return tiny_sdxl_pipeline(network)
     if family == "flux":
         t5 = T5EncoderModel(T5Config(vocab_size=30, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
                                      decoder_start_token_id=0)).eval()

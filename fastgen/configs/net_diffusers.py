@@ -28,6 +28,17 @@ SD15_UNET: dict[str, Any] = {
     "norm_num_groups": 32, "flip_sin_to_cos": True, "freq_shift": 0,
 }
 
+#: SDXL 1.0 base's U-Net (``unet/config.json``): text-time added conditioning (pooled 1280 + 6 x 256 time ids).
+SDXL_UNET: dict[str, Any] = {
+    "sample_size": 128, "in_channels": 4, "out_channels": 4, "layers_per_block": 2,
+    "block_out_channels": [320, 640, 1280], "attention_head_dim": [5, 10, 20], "cross_attention_dim": 2048,
+    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+    "transformer_layers_per_block": [1, 2, 10], "use_linear_projection": True, "addition_embed_type": "text_time",
+    "addition_embed_type_num_heads": 64, "addition_time_embed_dim": 256, "projection_class_embeddings_input_dim": 2816,
+    "norm_num_groups": 32, "flip_sin_to_cos": True, "freq_shift": 0,
+}
+
 #: FLUX.1-dev's transformer (``transformer/config.json``): 19 double-stream and 38 single-stream blocks.
 FLUX1_DEV: dict[str, Any] = {
     "patch_size": 1, "in_channels": 64, "num_layers": 19, "num_single_layers": 38, "attention_head_dim": 128,
@@ -47,6 +58,12 @@ TINY_SD_UNET: dict[str, Any] = {
     "sample_size": 8, "in_channels": 1, "out_channels": 1, "layers_per_block": 1, "block_out_channels": [16, 32],
     "attention_head_dim": 4, "cross_attention_dim": 16, "norm_num_groups": 8,
     "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"], "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"],
+}
+TINY_SDXL_UNET: dict[str, Any] = {
+    "sample_size": 8, "in_channels": 1, "out_channels": 1, "layers_per_block": 1, "block_out_channels": [16, 32],
+    "attention_head_dim": 4, "cross_attention_dim": 16, "norm_num_groups": 8,
+    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"], "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"],
+    "addition_embed_type": "text_time", "addition_time_embed_dim": 4, "projection_class_embeddings_input_dim": 32,
 }
 TINY_FLUX: dict[str, Any] = {
     "patch_size": 1, "in_channels": 4, "num_layers": 1, "num_single_layers": 2, "attention_head_dim": 8,
@@ -76,6 +93,15 @@ def sd_unet(config: dict[str, Any], prompt_embeddings: str | None = None, num_pr
     """A ``UNet2DConditionModel`` on SD's discrete VP schedule (epsilon prediction unless ``schedule`` says)."""
     return _wrapped(LazyCall("fastgen.networks.diffusers_nets.SDUNet")(
         config=dict(config), prompt_embeddings=prompt_embeddings, num_prompts=num_prompts, prompt_tokens=prompt_tokens,
+    ), schedule if schedule is not None else sd_schedule())
+
+
+def sdxl_unet(config: dict[str, Any], vae_scale_factor: int = 8, prompt_embeddings: str | None = None,
+              num_prompts: int = 0, prompt_tokens: int = 1, schedule: DictConfig | None = None) -> DictConfig:
+    """SDXL's ``UNet2DConditionModel`` on SD's discrete VP schedule (SDXL keeps SD's scaled-linear betas)."""
+    return _wrapped(LazyCall("fastgen.networks.diffusers_nets.SDXLUNet")(
+        config=dict(config), vae_scale_factor=vae_scale_factor, prompt_embeddings=prompt_embeddings,
+        num_prompts=num_prompts, prompt_tokens=prompt_tokens,
     ), schedule if schedule is not None else sd_schedule())
 
 

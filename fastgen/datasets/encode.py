@@ -20,7 +20,9 @@ the first (Wan's VAE wants ``4 k + 1``).
 * ``latent.npy`` - float32 ``(C, h, w)`` (Wan: ``(C, f, h, w)``; an image is one frame): the codec's normalised
   latent;
 * ``text.npy`` - float32: the network's ``condition`` (``Codec.condition``: the text embeddings; Flux's packs the
-  pooled vector in row 0); extras by family: ``pooled.npy`` (Flux), ``text_mask.npy`` (Wan; int64);
+  pooled vector in row 0, SDXL's also its size-and-crop time ids); extras by family: ``pooled.npy`` (Flux, SDXL),
+  ``time_ids.npy`` (SDXL: original height, width, crop top, left, target height, width), ``text_mask.npy`` (Wan;
+  int64);
 * ``txt`` - the caption; ``json`` - ``{"source", "size": [w, h], "crop": [left, top, side]}`` (videos also
   ``"frames": [first, stride, count]`` and ``"fps"``).
 
@@ -248,6 +250,8 @@ def _fields(codec: Any, encoded: dict[str, torch.Tensor]) -> dict[str, np.ndarra
         fields["pooled"] = encoded["pooled"].float().cpu().numpy()
     if "text_mask" in encoded:
         fields["text_mask"] = encoded["text_mask"].long().cpu().numpy()
+    if "time_ids" in encoded:
+        fields["time_ids"] = encoded["time_ids"].float().cpu().numpy()
     return fields
 
 
@@ -281,7 +285,11 @@ def encode_shard(codec: Any, sources: list[Source], path: Path, resolution: int,
             pixels = pixels.permute(0, 3, 1, 2) if pixels.dim() == 4 else pixels.permute(0, 4, 1, 2, 3)
             latents = codec.encode_images(pixels).float().cpu().numpy()
             shape_seen = shape_seen or list(latents.shape[1:])
-            texts = _fields(codec, codec.encode_prompts([b[2] for b in batch]))
+            encoded = codec.encode_prompts([b[2] for b in batch])
+            if hasattr(codec, "time_ids"):  # SDXL: each image's size and crop (micro-conditioning)
+                encoded["time_ids"] = torch.tensor([codec.time_ids(b[3]["size"], b[3]["crop"], resolution)
+                                                    for b in batch])
+            texts = _fields(codec, encoded)
             for row, (source, _, caption, meta) in enumerate(batch):
                 key = source.member_key
                 _add(tar, f"{key}.latent.npy", _npy(latents[row]))

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from fastgen.networks.diffusers_nets import import_diffusers, import_extra, pack_flux_condition
+from fastgen.networks.diffusers_nets import import_diffusers, import_extra, pack_flux_condition, pack_sdxl_condition
 from fastgen.utils.errors import UsageError
 
 
@@ -129,6 +129,11 @@ class Codec(nn.Module):
         """``encode_prompts``' output as the network's ``condition`` (``fastgen.networks.diffusers_nets``)."""
         return encoded["text"]
 
+    def encode_negative(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """The text inputs of classifier-free guidance's negative side, as the family's pipeline makes them when its
+        call gives ``negative_prompt`` (``""``: the pipeline's default)."""
+        return self.encode_prompts(prompts)
+
     def _tokens(self, name: str, prompts: list[str], max_length: int, **kwargs: Any) -> Any:
         return self.tokenizers[name](prompts, padding="max_length", max_length=max_length, truncation=True,
                                      return_tensors="pt", **kwargs)
@@ -157,6 +162,79 @@ class SDCodec(Codec):
         ids = self._tokens("tokenizer", prompts, self.tokenizers["tokenizer"].model_max_length).input_ids
         encoder = self.encoders["text_encoder"]
         return {"text": encoder(ids.to(self.device), attention_mask=None)[0]}
+
+
+class SDXLCodec(Codec):
+    """SDXL (Podell et al. 2023): the same VAE normalisation as SD (SDXL's ``scaling_factor``; ``latents_mean`` /
+    ``latents_std`` when the VAE config has them), two CLIP text encoders whose penultimate hidden states are
+    concatenated, the second's projected pooled vector, and the empty negative prompt as zeros when the pipeline
+    has ``force_zeros_for_empty_prompt`` (SDXL base's default)."""
+
+    family = "sdxl"
+    components = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2")
+
+    def __init__(self, vae: nn.Module, force_zeros_for_empty_prompt: bool = True, **parts: Any) -> None:
+        super().__init__(vae, **parts)
+        self.force_zeros_for_empty_prompt = bool(force_zeros_for_empty_prompt)
+
+    def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        config = self.vae.config
+        if getattr(config, "latents_mean", None) is None or getattr(config, "latents_std", None) is None:
+            return None
+        shape = (1, -1, 1, 1)
+        return (torch.tensor(config.latents_mean, dtype=like.dtype, device=like.device).view(shape),
+                torch.tensor(config.latents_std, dtype=like.dtype, device=like.device).view(shape))
+
+    def normalise(self, raw: torch.Tensor) -> torch.Tensor:
+        stats = self._stats(raw)
+        if stats is None:
+            return raw * self.vae.config.scaling_factor
+        return (raw - stats[0]) * self.vae.config.scaling_factor / stats[1]
+
+    def denormalise(self, latents: torch.Tensor) -> torch.Tensor:
+        stats = self._stats(latents)
+        if stats is None:
+            return latents / self.vae.config.scaling_factor
+        return latents * stats[1] / self.vae.config.scaling_factor + stats[0]
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        states, pooled = [], None
+        for index in ("", "_2"):
+            ids = self._tokens(f"tokenizer{index}", prompts, self.tokenizers[f"tokenizer{index}"].model_max_length)
+            out = self.encoders[f"text_encoder{index}"](ids.input_ids.to(self.device), output_hidden_states=True)
+            if pooled is None and out[0].ndim == 2:  # CLIPTextModelWithProjection's text_embeds (the pipeline's test)
+                pooled = out[0]
+            states.append(out.hidden_states[-2])
+        assert pooled is not None, "SDXL's second text encoder gives the pooled vector"
+        return {"text": torch.cat(states, dim=-1), "pooled": pooled}
+
+    def encode_negative(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        encoded = self.encode_prompts(prompts)
+        if self.force_zeros_for_empty_prompt and all(p == "" for p in prompts):
+            return {key: torch.zeros_like(value) for key, value in encoded.items()}
+        return encoded
+
+    def condition(self, encoded: dict[str, torch.Tensor]) -> torch.Tensor:
+        return pack_sdxl_condition(encoded["text"], encoded["pooled"], encoded.get("time_ids"))
+
+    @staticmethod
+    def time_ids(size: tuple[int, int], crop: tuple[int, int, int], resolution: int) -> list[float]:
+        """SDXL's micro-conditioning of an image center-cropped and resized to ``resolution`` (Podell et al. 2023,
+        Sec. 2.2; as diffusers' SDXL training script computes it): the original ``(height, width)``, the crop's
+        top-left corner in the resized image's pixels, the target ``(resolution, resolution)``. ``size`` is
+        ``(width, height)`` and ``crop`` ``(left, top, side)`` in the original's pixels (encode-data's json)."""
+        (width, height), (left, top, side) = size, crop
+        scale = resolution / side
+        return [float(height), float(width), float(round(top * scale)), float(round(left * scale)),
+                float(resolution), float(resolution)]
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, dtype: torch.dtype = torch.float32, text: bool = True,
+                        **kwargs: Any) -> Codec:
+        index = json.loads((Path(folder).expanduser() / "model_index.json").read_text())
+        kwargs.setdefault("force_zeros_for_empty_prompt", bool(index.get("force_zeros_for_empty_prompt", True)))
+        return super().from_pretrained(folder, dtype=dtype, text=text, **kwargs)
 
 
 class FluxCodec(Codec):
@@ -231,8 +309,9 @@ class WanCodec(Codec):
         return {"text": hidden * keep.to(hidden.dtype), "text_mask": mask}
 
 
-CODECS: dict[str, type[Codec]] = {cls.family: cls for cls in (SDCodec, FluxCodec, WanCodec)}
-_BY_PIPELINE = {"StableDiffusionPipeline": "sd", "FluxPipeline": "flux", "WanPipeline": "wan"}
+CODECS: dict[str, type[Codec]] = {cls.family: cls for cls in (SDCodec, SDXLCodec, FluxCodec, WanCodec)}
+_BY_PIPELINE = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl", "FluxPipeline": "flux",
+                "WanPipeline": "wan"}
 
 
 def codec_family(folder: str | Path, family: str | None = None) -> str:
@@ -264,4 +343,4 @@ def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype
         return CODECS[family].from_pretrained(folder, dtype=dtype, text=text, **kwargs)
 
 
-__all__ = ["CODECS", "Codec", "FluxCodec", "SDCodec", "WanCodec", "codec_family", "load_codec"]
+__all__ = ["CODECS", "Codec", "FluxCodec", "SDCodec", "SDXLCodec", "WanCodec", "codec_family", "load_codec"]

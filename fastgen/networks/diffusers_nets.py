@@ -69,6 +69,18 @@ def pack_flux_condition(tokens: torch.Tensor, pooled: torch.Tensor) -> torch.Ten
     return torch.cat([row.to(tokens.dtype), tokens], dim=1)
 
 
+SDXL_TIME_IDS = 6  # original height, width, crop top, left, target height, width (Podell et al. 2023, Sec. 2.2)
+
+
+def pack_sdxl_condition(tokens: torch.Tensor, pooled: torch.Tensor, time_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """SDXL's three text inputs in one ``condition`` tensor: ``(B, 1 + T, D)`` with row 0 holding the pooled vector
+    ``(B, P)`` of the second text encoder, then the six size-and-crop ``time_ids`` (pixels; zeros: the backbone's
+    default, the sampled size uncropped), zero-padded to ``D``, and the concatenated token embeddings after it."""
+    if time_ids is None:
+        time_ids = torch.zeros(pooled.shape[0], SDXL_TIME_IDS, dtype=pooled.dtype, device=pooled.device)
+    return pack_flux_condition(tokens, torch.cat([pooled, time_ids.to(pooled.dtype)], dim=-1))
+
+
 def pack_flux_latents(x: torch.Tensor) -> torch.Tensor:
     """``(B, C, H, W)`` latents as Flux's ``(B, H/2 * W/2, 4 C)`` tokens of 2x2 patches (``FluxPipeline._pack_latents``)."""
     b, c, h, w = x.shape
@@ -285,6 +297,43 @@ class SDUNet(DiffusersBackbone):
         return output[0] if isinstance(output, tuple) else output  # down blocks return (hidden, skip connections)
 
 
+class SDXLUNet(SDUNet):
+    """SDXL's ``UNet2DConditionModel`` (Podell et al. 2023): cross-attention to two CLIP encoders' concatenated
+    penultimate states, plus ``added_cond_kwargs``: the second encoder's pooled vector and the size-and-crop
+    ``time_ids`` (micro-conditioning, Sec. 2.2), both in row 0 of ``condition`` (``pack_sdxl_condition``). All-zero
+    ``time_ids`` - the null condition, or a prompt encoded without a size - mean the pipeline's default: the sampled
+    size (latent size x ``vae_scale_factor``), uncropped."""
+
+    bank_extra_tokens = 1
+
+    def __init__(self, config: dict[str, Any], vae_scale_factor: int = 8, prompt_embeddings: str | None = None,
+                 num_prompts: int = 0, prompt_tokens: int = 1) -> None:
+        super().__init__(config, prompt_embeddings, num_prompts, prompt_tokens)
+        self.vae_scale_factor = int(vae_scale_factor)
+        embed = int(config["addition_time_embed_dim"])
+        self.pooled_dim = int(config["projection_class_embeddings_input_dim"]) - SDXL_TIME_IDS * embed
+        if self.pooled_dim + SDXL_TIME_IDS > self.text_dim:
+            raise ValueError(f"the pooled vector ({self.pooled_dim}) and {SDXL_TIME_IDS} time ids do not fit a row of "
+                             f"the {self.text_dim}-wide text embeddings")
+
+    def text_embeddings(self, condition: torch.Tensor | None, batch: int, dtype: torch.dtype,
+                        device: torch.device) -> torch.Tensor:
+        text = super().text_embeddings(condition, batch, dtype, device)
+        if condition is None and text.shape[1] < 2:  # the null condition: a zero row 0 and one zero token
+            text = torch.zeros(batch, 2, self.text_dim, dtype=dtype, device=device)
+        return text
+
+    def _call(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        pooled = text[:, 0, : self.pooled_dim]
+        time_ids = text[:, 0, self.pooled_dim: self.pooled_dim + SDXL_TIME_IDS]
+        height, width = (n * self.vae_scale_factor for n in x.shape[-2:])
+        default = torch.tensor([height, width, 0, 0, height, width], dtype=text.dtype, device=text.device)
+        unset = time_ids.eq(0).all(dim=1, keepdim=True)
+        time_ids = torch.where(unset, default.expand_as(time_ids), time_ids)
+        return self.model(x, c_noise, encoder_hidden_states=text[:, 1:], return_dict=False,
+                          added_cond_kwargs={"text_embeds": pooled, "time_ids": time_ids})[0]
+
+
 class FluxTransformer(DiffusersBackbone):
     """A Flux-style ``FluxTransformer2DModel`` (MM-DiT double-stream blocks, then single-stream blocks; Esser et al.
     2024): latents are packed into 2x2-patch tokens with ``(0, row, column)`` position ids, the text tokens get
@@ -362,4 +411,5 @@ class WanTransformer(DiffusersBackbone):
         return _tokens_to_map(output, frames * (x.shape[-2] // p_h), x.shape[-1] // p_w)
 
 
-BACKBONES: dict[str, type[DiffusersBackbone]] = {cls.__name__: cls for cls in (SDUNet, FluxTransformer, WanTransformer)}
+BACKBONES: dict[str, type[DiffusersBackbone]] = {cls.__name__: cls for cls in (SDUNet, SDXLUNet, FluxTransformer,
+                                                                                WanTransformer)}

@@ -31,7 +31,7 @@ from fastgen.utils.logging import get_logger
 logger = get_logger(__name__)
 
 EXPORT_FILE = "fastgen_export.json"
-_PIPELINE_TAG = {"sd": "text-to-image", "flux": "text-to-image", "wan": "text-to-video"}
+_PIPELINE_TAG = {"sd": "text-to-image", "sdxl": "text-to-image", "flux": "text-to-image", "wan": "text-to-video"}
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

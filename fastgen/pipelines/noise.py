@@ -20,7 +20,7 @@ import torch
 from fastgen.networks.diffusers_nets import pack_flux_latents, unpack_flux_latents
 
 # families whose pipelines pass their generator to the scheduler's step (else the step draws from the global one)
-STEP_TAKES_GENERATOR = {"sd": True, "flux": False, "wan": False}
+STEP_TAKES_GENERATOR = {"sd": True, "sdxl": True, "flux": False, "wan": False}
 
 
 def seeded(seeds: Sequence[int]) -> list[torch.Generator]:

@@ -75,6 +75,11 @@ class PromptSampler:
     def condition(self, prompts: Sequence[str]) -> torch.Tensor:
         return self.codec.condition(self.codec.encode_prompts(list(prompts))).to(self.device, self.dtype)
 
+    def uncondition(self, count: int) -> torch.Tensor:
+        """Guidance's negative side, as the pipeline encodes ``negative_prompt`` (SDXL: zeros for the empty one)."""
+        encoded = self.codec.encode_negative([self.negative_prompt] * count)
+        return self.codec.condition(encoded).to(self.device, self.dtype)
+
     @torch.no_grad()
     def latents(self, prompts: Sequence[str], seeds: Sequence[int], latent_shape: Sequence[int]) -> torch.Tensor:
         """Normalised latents for ``prompts`` (sample ``i`` from ``seeds[i]``)."""
@@ -91,8 +96,7 @@ class PromptSampler:
                     out = self.model.generate(self.net, x_t, condition, generator=noise)
                 else:
                     assert self.plan is not None
-                    uncondition = (self.condition([self.negative_prompt] * len(prompts))
-                                   if self.plan.guidance != 1.0 else None)
+                    uncondition = (self.uncondition(len(prompts)) if self.plan.guidance != 1.0 else None)
                     out = ode_sample(self.net, x_t, condition, uncondition, self.plan)
         finally:
             self.net.train(was_training)

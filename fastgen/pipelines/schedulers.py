@@ -153,7 +153,7 @@ def diffusers_sampling(family: str, plan: SamplingPlan, net: Any) -> DiffusersSa
     if plan.times[0] < float(schedule.t_max) - 1e-6:
         raise UsageError(f"the first time {plan.times[0]} is below t_max {schedule.t_max}: a diffusers pipeline starts "
                          "from unit noise at any first step, fastgen from pure noise at that time's level")
-    if family == "sd":
+    if family in ("sd", "sdxl"):
         return _sd(plan, schedule)
     if family in ("flux", "wan"):
         return _flow(plan, schedule, family, backbone)

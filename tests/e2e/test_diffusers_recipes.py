@@ -1,4 +1,4 @@
-"""The recipes for real diffusers-backed models (``SD/``, ``Flux/``, ``Wan/``): without their weights folder
+"""The recipes for real diffusers-backed models (``SD/`` 1.5 and XL, ``Flux/``, ``Wan/``): without their weights folder
 ``fastgen train`` is one line naming ``model.pretrained_model_path`` (exit 2, no run directory); with it but
 without the encoded prompts, one line naming that file. (Loading, validation, dry runs and config.yaml
 round-trips of every recipe: tests/configs/test_recipes.py; the networks themselves, trained on digits from
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from fastgen_testing import run_cli
 
-RECIPES = {"SD/config_dmd2_sd15": "sd15", "Flux/config_dmd2_flux": "flux1_dev", "Wan/config_dmd2_wan": "wan21_t2v_1_3b"}
+RECIPES = {"SD/config_dmd2_sd15": "sd15", "SD/config_dmd2_sdxl": "sdxl", "SD/config_sft_sdxl": "sdxl",
+           "Flux/config_dmd2_flux": "flux1_dev", "Wan/config_dmd2_wan": "wan21_t2v_1_3b"}
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -33,27 +34,30 @@ def test_a_real_model_recipe_names_its_missing_weights_then_its_missing_prompts(
     assert not (output_root / "fastgen").exists()
 
 
-TINY_FLUX_RECIPE = '''
+TINY_RECIPE = '''
 from fastgen.configs.experiments.Digits.config_dmd2_digits import create_config as dmd2_digits
-from fastgen.configs.net_diffusers import TINY_FLUX, flux_transformer
+from fastgen.configs.net_diffusers import {tiny}, {build}
 
 
 def create_config():
     config = dmd2_digits()
-    config.model.net = flux_transformer(TINY_FLUX, num_prompts=10)
+    config.model.net = {build}({tiny}, num_prompts=10)
     config.model.teacher_ckpt = None
     config.model.pretrained_model_path = {folder!r}
     config.model.gan_loss_weight_gen = 1e-2
     config.trainer.callbacks = {{}}
     config.dataloader_val = None
-    config.log_config.name = "tiny_flux"
+    config.log_config.name = "tiny_{family}"
     return config
 '''
+# family: (network builder, its tiny config, the pipeline folder's subfolder)
+TINY_FAMILIES = {"flux": ("flux_transformer", "TINY_FLUX", "transformer"), "sdxl": ("sdxl_unet", "TINY_SDXL_UNET", "unet")}
 
 
 @pytest.mark.slow
-def test_two_ranks_distil_a_tiny_flux_from_its_weights_folder_sharded_after_a_meta_build(output_root: Path,
-                                                                                         tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_two_ranks_distil_a_tiny_model_from_its_weights_folder_sharded_after_a_meta_build(family: str, output_root: Path,
+                                                                                          tmp_path: Path) -> None:
     """What the real recipes do, at toy size: 2 ranks, FSDP2 over the Flux blocks, a meta-device build (rank 0
     reads the diffusers folder and broadcasts), activation checkpointing, DMD2 with the GAN head. The teacher the
     run trained with is exactly the folder's weights: the final checkpoint's fingerprint of it (the checkpoint
@@ -63,21 +67,22 @@ def test_two_ranks_distil_a_tiny_flux_from_its_weights_folder_sharded_after_a_me
     from safetensors.torch import load_file
 
     from fastgen.checkpoint.checkpointer import load_checkpoint
+    from fastgen.configs import net_diffusers
     from fastgen.configs.instantiate import instantiate
-    from fastgen.configs.net_diffusers import TINY_FLUX, flux_transformer
 
+    build, tiny, subfolder = TINY_FAMILIES[family]
     torch.manual_seed(3)
-    source = instantiate(flux_transformer(TINY_FLUX)).backbone.model
-    source.save_pretrained(tmp_path / "pipeline" / "transformer")
-    recipe = tmp_path / "tiny_flux.py"
-    recipe.write_text(TINY_FLUX_RECIPE.format(folder=str(tmp_path / "pipeline")))
+    source = instantiate(getattr(net_diffusers, build)(getattr(net_diffusers, tiny))).backbone.model
+    source.save_pretrained(tmp_path / "pipeline" / subfolder)
+    recipe = tmp_path / f"tiny_{family}.py"
+    recipe.write_text(TINY_RECIPE.format(folder=str(tmp_path / "pipeline"), build=build, tiny=tiny, family=family))
     result = fastgen("train", "--nproc-per-node", "2", "-c", str(recipe), "--eval-samples", "0", "-",
                      "trainer.fsdp=True", "model.meta_init=True", "model.activation_checkpointing=True",
                      "trainer.max_iter=4", "trainer.save_ckpt_iter=4", "dataloader_train.batch_size=8",
                      "model.student_update_freq=2", cwd=tmp_path, env={"WANDB_MODE": "disabled"}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    saved = load_file(str(tmp_path / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors"))
-    payload = load_checkpoint(str(output_root / "fastgen" / "digits" / "tiny_flux" / "checkpoints" / "0000004.pth"))
+    saved = load_file(str(tmp_path / "pipeline" / subfolder / "diffusion_pytorch_model.safetensors"))
+    payload = load_checkpoint(str(output_root / "fastgen" / "digits" / f"tiny_{family}" / "checkpoints" / "0000004.pth"))
     assert "teacher" not in payload["model"]
     from fastgen.configs.config_utils import load_config
     from fastgen.distributed.fingerprint import network_fingerprint

@@ -19,7 +19,7 @@ from diffusers import (
     WanPipeline,
     WanTransformer3DModel,
 )
-from tiny_pipelines import clip_encoder, clip_tokenizer, t5_tokenizer, tiny_sd_pipeline, tiny_vae
+from tiny_pipelines import clip_encoder, clip_tokenizer, t5_tokenizer, tiny_sd_pipeline, tiny_sdxl_pipeline, tiny_vae
 from transformers import (
     T5Config,
     T5EncoderModel,
@@ -27,8 +27,8 @@ from transformers import (
     UMT5EncoderModel,
 )
 
-from fastgen.configs.net_diffusers import TINY_FLUX, TINY_WAN
-from fastgen.networks.codecs import FluxCodec, SDCodec, WanCodec, load_codec
+from fastgen.configs.net_diffusers import TINY_FLUX, TINY_SDXL_UNET, TINY_WAN
+from fastgen.networks.codecs import FluxCodec, SDCodec, SDXLCodec, WanCodec, load_codec
 
 PROMPTS = ["a red cat", "two dogs on a hill at night"]
 
@@ -59,6 +59,43 @@ def test_sd15(tmp_path: Path) -> None:
     with torch.no_grad():
         raw = pipe.vae.encode(x).latent_dist.mode()
     assert torch.equal(codec.encode_images(x), raw * pipe.vae.config.scaling_factor)  # the img2img pipeline's z
+
+    call = {"prompt": PROMPTS[:1], "num_inference_steps": 2, "height": 16, "width": 16, "guidance_scale": 1.0}
+    latents = pipe(**call, output_type="latent", generator=torch.Generator().manual_seed(3)).images
+    image = pipe(**call, output_type="pt", generator=torch.Generator().manual_seed(3)).images
+    ours = (codec.decode_latents(latents) / 2 + 0.5).clamp(0, 1)
+    torch.testing.assert_close(ours, image, atol=1e-6, rtol=0)
+
+
+def test_sdxl(tmp_path: Path) -> None:
+    """Two CLIP encoders' penultimate states concatenated, the second's pooled projection, zeros for the empty
+    negative prompt (force_zeros_for_empty_prompt); the size-and-crop time ids travel in row 0 of the condition."""
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(0)
+    pipe, folder = saved(tiny_sdxl_pipeline(UNet2DConditionModel(**{**TINY_SDXL_UNET, "in_channels": 4,
+                                                                    "out_channels": 4}), latent_channels=4),
+                         tmp_path / "sdxl")
+    codec = load_codec(folder)
+    assert isinstance(codec, SDXLCodec) and codec.force_zeros_for_empty_prompt
+
+    with torch.no_grad():
+        text, negative, pooled, negative_pooled = pipe.encode_prompt(PROMPTS, device="cpu", num_images_per_prompt=1,
+                                                                     do_classifier_free_guidance=True)
+    encoded = codec.encode_prompts(PROMPTS)
+    assert torch.equal(encoded["text"], text) and torch.equal(encoded["pooled"], pooled)
+    negatives = codec.encode_negative(["", ""])
+    assert torch.equal(negatives["text"], negative) and torch.equal(negatives["pooled"], negative_pooled)
+    condition = codec.condition({**encoded, "time_ids": torch.tensor([[32.0, 24, 0, 4, 16, 16]] * 2)})
+    assert condition.shape == (2, 13, 16) and torch.equal(condition[:, 1:], text)
+    assert torch.equal(condition[:, 0, :8], pooled) and condition[0, 0, 8:14].tolist() == [32, 24, 0, 4, 16, 16]
+    # what encode-data records for a 40x30 (w x h) photo center-cropped (left 5) and resized to 16
+    assert SDXLCodec.time_ids((40, 30), (5, 0, 30), 16) == [30.0, 40.0, 0.0, 3.0, 16.0, 16.0]
+
+    x = pixels(2, 3, 16, 16)
+    with torch.no_grad():
+        raw = pipe.vae.encode(x).latent_dist.mode()
+    assert torch.equal(codec.encode_images(x), raw * pipe.vae.config.scaling_factor)
 
     call = {"prompt": PROMPTS[:1], "num_inference_steps": 2, "height": 16, "width": 16, "guidance_scale": 1.0}
     latents = pipe(**call, output_type="latent", generator=torch.Generator().manual_seed(3)).images

@@ -14,9 +14,11 @@ from fastgen.configs.instantiate import instantiate
 from fastgen.configs.net_diffusers import (
     TINY_FLUX,
     TINY_SD_UNET,
+    TINY_SDXL_UNET,
     TINY_WAN,
     flux_transformer,
     sd_unet,
+    sdxl_unet,
     wan_transformer,
 )
 from fastgen.networks.diffusers_nets import pack_flux_condition
@@ -24,6 +26,7 @@ from fastgen.networks.noise_schedules import DiscreteVPScheduler
 
 FAMILIES = {
     "sd": lambda **kw: sd_unet(TINY_SD_UNET, **kw),
+    "sdxl": lambda **kw: sdxl_unet(TINY_SDXL_UNET, vae_scale_factor=2, **kw),
     "flux": lambda **kw: flux_transformer(TINY_FLUX, **kw),
     "wan": lambda **kw: wan_transformer(TINY_WAN, **kw),
 }
@@ -78,6 +81,9 @@ def test_it_is_the_wrapped_diffusers_model_called_as_its_pipeline_calls_it(famil
     with torch.no_grad():
         if family == "sd":
             want = model(x, t * 1000 - 1, encoder_hidden_states=text).sample
+        elif family == "sdxl":  # row 0: the pooled vector (8) and the six time ids
+            want = model(x, t * 1000 - 1, encoder_hidden_states=text[:, 1:],
+                         added_cond_kwargs={"text_embeds": text[:, 0, :8], "time_ids": text[:, 0, 8:14]}).sample
         elif family == "flux":
             b, c, h, w = x.shape
             packed = x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
@@ -90,9 +96,25 @@ def test_it_is_the_wrapped_diffusers_model_called_as_its_pipeline_calls_it(famil
         else:
             want = model(x.unsqueeze(2), t * 1000, text).sample.squeeze(2)
         got = net(x, t, condition=y)
-    if family == "sd":  # eps prediction converted to nothing: the native prediction is the model's
+    if family in ("sd", "sdxl"):  # eps prediction converted to nothing: the native prediction is the model's
         assert net.native_pred_type == "eps"
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+def test_sdxl_zero_time_ids_are_the_sampled_size_uncropped() -> None:
+    """All-zero time ids (the null condition, a prompt encoded without a size) mean the pipeline's default for the
+    sampled size: (H, W, 0, 0, H, W) in pixels = latent size x vae_scale_factor; given ones are used as they are."""
+    from fastgen.networks.diffusers_nets import pack_sdxl_condition
+
+    net = _net("sdxl")
+    x, t, _ = _inputs()
+    tokens, pooled = torch.randn(4, 3, 16), torch.randn(4, 8)
+    default = torch.tensor([[16.0, 16, 0, 0, 16, 16]]).expand(4, 6)
+    with torch.no_grad():
+        unset = net(x, t, condition=pack_sdxl_condition(tokens, pooled))
+        explicit = net(x, t, condition=pack_sdxl_condition(tokens, pooled, default))
+        other = net(x, t, condition=pack_sdxl_condition(tokens, pooled, torch.tensor([[64.0, 32, 8, 0, 16, 16]] * 4)))
+    assert torch.equal(unset, explicit) and not torch.allclose(unset, other, atol=1e-5)
 
 
 def test_flux_condition_packs_the_pooled_vector_in_row_zero() -> None:

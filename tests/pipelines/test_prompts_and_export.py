@@ -21,17 +21,23 @@ from tiny_pipelines import tiny_family_pipeline
 from fastgen.configs.net_diffusers import (
     TINY_FLUX,
     TINY_SD_UNET,
+    TINY_SDXL_UNET,
     TINY_WAN,
     flux_transformer,
     sd_unet,
+    sdxl_unet,
     wan_transformer,
 )
 
 CAPTIONS = ["a red cat", "a blue dog", "two birds", "a green frog", "the sea", "a tall tree", "one fish", "a cloud"]
 PROMPTS = ["a red cat", "two dogs at night"]
-NETS = {"sd": (sd_unet, TINY_SD_UNET), "flux": (flux_transformer, TINY_FLUX), "wan": (wan_transformer, TINY_WAN)}
+NETS = {"sd": (sd_unet, TINY_SD_UNET), "sdxl": (sdxl_unet, TINY_SDXL_UNET), "flux": (flux_transformer, TINY_FLUX),
+        "wan": (wan_transformer, TINY_WAN)}
 # the pipelines' own sizes for 8x8 latents: Wan's pipeline divides by the VAE config's 8, the others by 2 (tiny VAEs)
-PIXELS = {"sd": 16, "flux": 16, "wan": 64}
+PIXELS = {"sd": 16, "sdxl": 16, "flux": 16, "wan": 64}
+# what a family's network is told beyond its architecture: Wan unshifted (see train_config), SDXL the tiny VAE's
+# scale (its default time ids are the sampled size in pixels)
+NET_OPTIONS: dict[str, dict[str, Any]] = {"wan": {"shift": 1.0}, "sdxl": {"vae_scale_factor": 2}}
 
 
 def captioned_images(folder: Path) -> Path:
@@ -54,7 +60,7 @@ def train_config(family: str, weights: Path, shards: Path, latent_shape: list[in
     config = create_config()
     # text conditions (num_classes > 0 passes them through); Wan unshifted: WanPipeline's scheduler can then put the
     # teacher's uniform grid on num_inference_steps (a shifted one is refused, test_samplers_...)
-    config.model.net = build(tiny, num_prompts=1, **({"shift": 1.0} if family == "wan" else {}))
+    config.model.net = build(tiny, num_prompts=1, **NET_OPTIONS.get(family, {}))
     config.model.num_classes = 1
     config.model.teacher_ckpt = None
     config.model.pretrained_model_path = str(weights)
@@ -73,7 +79,7 @@ def train_config(family: str, weights: Path, shards: Path, latent_shape: list[in
     return config
 
 
-@pytest.fixture(scope="module", params=["sd", "flux", "wan"])
+@pytest.fixture(scope="module", params=["sd", "sdxl", "flux", "wan"])
 def family_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A tiny pipeline folder of the family, its encoded shards and a 2-iteration DMD2 run trained on them."""
     from fastgen.configs.instantiate import instantiate
@@ -96,6 +102,15 @@ def family_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         config = train_config(family, weights, shards)
         Trainer(config).run()
         run = Path(config.log_config.save_path)
+    if family == "sdxl":  # each image's micro-conditioning: 16x16 originals, uncropped, at resolution 16
+        import io
+        import tarfile
+
+        with tarfile.open(shards / "shard-000000.tar") as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+        time_ids = np.load(io.BytesIO(members["000000000.time_ids.npy"]))
+        text = np.load(io.BytesIO(members["000000000.text.npy"]))
+        assert time_ids.tolist() == [16, 16, 0, 0, 16, 16] and text[0, 8:14].tolist() == time_ids.tolist()
     index = json.loads((shards / "index.json").read_text())
     expected = [1, 1, 8, 8] if family == "wan" else [1, 8, 8]  # Wan's codec gives images one frame
     assert index["latent_shape"] == expected
@@ -151,7 +166,7 @@ def test_captions_to_a_pipeline_diffusers_runs(family_run: dict[str, Any], tmp_p
     assert exported.returncode == 0, exported.stderr[-2000:]
     info = json.loads((export / "fastgen_export.json").read_text())
     assert info["family"] == family and info["network"] == "ema" and info["times"] == [1.0, 0.5]
-    assert info["global_seed"] == (family != "sd")  # Flux / Wan re-noise from torch's global generator
+    assert info["global_seed"] == (family not in ("sd", "sdxl"))  # Flux / Wan re-noise from torch's global generator
     card = (export / "README.md").read_text()
     assert "convert-ckpt" in card and "library_name: diffusers" in card and "fastgen_export.json" in card
 
@@ -160,7 +175,7 @@ def test_captions_to_a_pipeline_diffusers_runs(family_run: dict[str, Any], tmp_p
     assert difference.mean() / 255 <= 2 / 255 and difference.max() <= 2, (difference.mean(), difference.max())
     assert len(np.unique(ours.reshape(2, -1), axis=0)) == 2  # two prompts and seeds, two images
 
-    subfolder = "unet" if family == "sd" else "transformer"
+    subfolder = "unet" if family in ("sd", "sdxl") else "transformer"
     saved = load_file(str(export / subfolder / "diffusion_pytorch_model.safetensors"))
     payload = load_checkpoint(str(run / "checkpoints" / "0000002.pth"))
     ema = {k.removeprefix("backbone.model."): v for k, v in payload["model"]["ema"].items()

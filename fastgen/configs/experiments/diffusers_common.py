@@ -35,22 +35,15 @@ def prompts_path(name: str) -> str:
     return os.path.join(data_root(), f"{name}_prompts.safetensors")
 
 
-def diffusers_dmd2_setting(name: str, net: DictConfig, input_shape: list[int], num_prompts: int,
-                           batch_size: int = 1) -> BaseConfig:
-    """A DMD2 config for the pretrained diffusers model ``name`` with network ``net`` (its teacher, student and
-    fake score). Settings from DMD2's text-to-image recipe (Yin et al. 2024, Sec. 5.3 / App. C): Adam at lr 5e-7
-    (student) and the same for the fake score, five fake-score updates per student update, no GAN branch (it
-    needs real images' latents through the discriminator - turn it on with ``model.gan_loss_weight_gen``),
-    guidance baked into the teacher's score (``model.guidance_scale``)."""
-    config = dmd2_config()
+def large_model_setting(config: BaseConfig, name: str, net: DictConfig, input_shape: list[int], num_prompts: int,
+                        batch_size: int = 1) -> BaseConfig:
+    """What every recipe of a pretrained diffusers model sets, whatever its method: the network, its weights folder
+    and prompt labels, FSDP2 on a meta-device build, bfloat16 autocast with activation checkpointing, the shards of
+    ``$DATA_ROOT_DIR/<name>_latents``, W&B with 8 decoded samples."""
     config.model.net = net
     config.model.input_shape = list(input_shape)
     config.model.num_classes = num_prompts
     config.model.pretrained_model_path = os.path.join(data_root(), "weights", name)
-    config.model.guidance_scale = 3.5
-    config.model.student_update_freq = 5
-    config.model.net_optimizer.lr = 5e-7
-    config.model.fake_score_optimizer.lr = 5e-7
     config.model.meta_init = True
     config.model.activation_checkpointing = True
     config.model.precision_amp = "bfloat16"
@@ -64,4 +57,19 @@ def diffusers_dmd2_setting(name: str, net: DictConfig, input_shape: list[int], n
     config.dataloader_train = webdataset_loader([f"WDS:{os.path.join(data_root(), name + '_latents')}"],
                                                 batch_size=batch_size, fields={"real": "latent.npy", "condition": "text.npy"})
     config.log_config.group = name
+    return config
+
+
+def diffusers_dmd2_setting(name: str, net: DictConfig, input_shape: list[int], num_prompts: int,
+                           batch_size: int = 1) -> BaseConfig:
+    """A DMD2 config for the pretrained diffusers model ``name`` with network ``net`` (its teacher, student and
+    fake score). Settings from DMD2's text-to-image recipe (Yin et al. 2024, Sec. 5.3 / App. C): Adam at lr 5e-7
+    (student) and the same for the fake score, five fake-score updates per student update, no GAN branch (it
+    needs real images' latents through the discriminator - turn it on with ``model.gan_loss_weight_gen``),
+    guidance baked into the teacher's score (``model.guidance_scale``)."""
+    config = large_model_setting(dmd2_config(), name, net, input_shape, num_prompts, batch_size)
+    config.model.guidance_scale = 3.5
+    config.model.student_update_freq = 5
+    config.model.net_optimizer.lr = 5e-7
+    config.model.fake_score_optimizer.lr = 5e-7
     return config
