@@ -108,11 +108,9 @@ def _run(argv: list[str] | None) -> None:
         code = code if isinstance(code, int) else 0
         if code == 130:  # Ctrl-C inside a command; a run that was starting has already removed what it created
             _fail("interrupted (Ctrl-C)", 130)
-        if argv is None:  # this process is the command (not a caller in another program): it ends now
-            _freeze_for_exit()
         sys.exit(code)
     except SystemExit:
-        if argv is None:
+        if argv is None:  # this process is the command (not a caller in another program): it ends now
             _freeze_for_exit()
         raise
     except FastGenError as exc:

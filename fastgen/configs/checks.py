@@ -186,47 +186,24 @@ def check_data_paths(config: Any) -> None:
     fails at start-up, in one line, before a run directory exists. ``fastgen train`` runs this check; ``dryrun``
     lists every such problem as a warning (``data_path_problems``) and goes on (it needs no data).
     """
-    problems = _path_problems(config, stop_at_first=True)
+    problems = data_path_problems(config)
     if problems:
         raise ConfigError(problems[0])
 
 
 def data_path_problems(config: Any) -> list[str]:
-    """Every file ``fastgen train`` would refuse to start without (``check_data_paths``), one line each."""
-    return _path_problems(config, stop_at_first=False)
+    """Every file ``fastgen train`` would refuse to start without (``check_data_paths``), one line each, in the
+    order the checks run (data loaders, then the weight files)."""
+    found: list[str] = []
+    for key in DATA_LOADER_KEYS:
+        node = getattr(config, key, None)
+        if node is not None:
+            _check_paths_in(key, node, found)
+    _check_weight_paths(config, found)
+    return found
 
 
-class _Problems(list):
-    """The messages found so far; stops the walk at the first when ``stop_at_first``."""
-
-    def __init__(self, stop_at_first: bool) -> None:
-        super().__init__()
-        self.stop_at_first = stop_at_first
-
-    def add(self, message: str) -> None:
-        self.append(message)
-        if self.stop_at_first:
-            raise _Stop
-
-
-class _Stop(Exception):
-    pass
-
-
-def _path_problems(config: Any, stop_at_first: bool) -> list[str]:
-    found = _Problems(stop_at_first)
-    try:
-        for key in DATA_LOADER_KEYS:
-            node = getattr(config, key, None)
-            if node is not None:
-                _check_paths_in(key, node, found)
-        _check_weight_paths(config, found)
-    except _Stop:
-        pass
-    return list(found)
-
-
-def _check_weight_paths(config: Any, found: _Problems) -> None:
+def _check_weight_paths(config: Any, found: list[str]) -> None:
     """The files a diffusers-backed recipe starts from: ``model.pretrained_model_path`` (the weights folder) and
     the networks' ``prompt_embeddings`` files - a placeholder is one line naming the key, before a 12B model is
     built only to fail on its first read."""
@@ -241,24 +218,24 @@ def _check_weight_paths(config: Any, found: _Problems) -> None:
             continue  # unset, or a URL (s3://): the reader names it
         location = os.path.expanduser(str(value))
         if os.path.isdir(location):
-            found.add(f"{key}: {value} is a folder; name the checkpoint file in it (a .pth, e.g. a run's "
-                      f"checkpoints/NNNNNNN.pth; for a sharded one its marker .pth), or set {key}=<file>")
+            found.append(f"{key}: {value} is a folder; name the checkpoint file in it (a .pth, e.g. a run's "
+                         f"checkpoints/NNNNNNN.pth; for a sharded one its marker .pth), or set {key}=<file>")
         elif not os.path.exists(location):
-            found.add(f"{key}: {value} does not exist; set {key}=<checkpoint file>")
+            found.append(f"{key}: {value} does not exist; set {key}=<checkpoint file>")
     weights = getattr(model, "pretrained_model_path", None)
     if weights and "://" not in str(weights) and not os.path.exists(os.path.expanduser(str(weights))):
-        found.add(f"model.pretrained_model_path: {weights} does not exist; download the model's diffusers "
-                  "weights there, or set model.pretrained_model_path=<folder>")
+        found.append(f"model.pretrained_model_path: {weights} does not exist; download the model's diffusers "
+                     "weights there, or set model.pretrained_model_path=<folder>")
     for name in ("net", "teacher", "fake_score"):
         node = getattr(model, name, None)
         backbone = node.get("backbone") if isinstance(node, (Mapping, DictConfig)) else None
         prompts = backbone.get("prompt_embeddings") if isinstance(backbone, (Mapping, DictConfig)) else None
         if prompts and not os.path.isfile(os.path.expanduser(str(prompts))):
-            found.add(f"model.{name}.backbone.prompt_embeddings: {prompts} does not exist; write the encoded "
-                      f"prompts there (one (num_prompts, tokens, width) tensor), or set it to another file")
+            found.append(f"model.{name}.backbone.prompt_embeddings: {prompts} does not exist; write the encoded "
+                         f"prompts there (one (num_prompts, tokens, width) tensor), or set it to another file")
 
 
-def _check_paths_in(path: str, node: Any, found: _Problems) -> None:
+def _check_paths_in(path: str, node: Any, found: list[str]) -> None:
     if is_lazy(node):
         target = node[TARGET_KEY]
         try:
@@ -274,7 +251,7 @@ def _check_paths_in(path: str, node: Any, found: _Problems) -> None:
                 _check_paths_in(f"{path}.{key}", value, found)
 
 
-def _check_path_value(key: str, value: Any, found: _Problems) -> None:
+def _check_path_value(key: str, value: Any, found: list[str]) -> None:
     from pathlib import Path
 
     values = list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]
@@ -292,4 +269,4 @@ def _check_path_value(key: str, value: Any, found: _Problems) -> None:
             continue
         hint = locate(PREPARE_HINT)(location)
         how = f"prepare it with `{hint}`, or set {key}=<path>" if hint else f"set {key}=<path to your data>"
-        found.add(f"{key}: {location} does not exist; {how}")
+        found.append(f"{key}: {location} does not exist; {how}")
