@@ -122,7 +122,7 @@ class DistillationModel(FastGenModel):
             from fastgen.distributed.parallelize import load_full_state_dict
 
             try:  # a LoRA student (model.net_adapter) takes the teacher as its base
-                load_full_state_dict(self.net, self.teacher.state_dict())
+                load_full_state_dict(self.net, self.student_state(self.teacher.state_dict()))
             except RuntimeError:
                 raise CheckpointError("model.student_init_from_teacher needs the student and the teacher to have "
                                       "the same architecture; set it to false or make model.teacher match model.net") from None
@@ -144,8 +144,14 @@ class DistillationModel(FastGenModel):
         except UsageError as exc:
             raise UsageError(f"model.student_ckpt: {exc} (train the run it names first, or point it at another "
                              "checkpoint, checkpoints folder or run directory)") from None
-        load_weights(self.net, load_network_state(str(path), self.config.student_ckpt_key), path, "model.net")
+        load_weights(self.net, self.student_state(load_network_state(str(path), self.config.student_ckpt_key)), path,
+                     "model.net")
         logger.info("initialised the student from %s", path)
+
+    def student_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A state dict of the teacher's architecture as the student's (``adapt_net`` may have changed it: PDD
+        repeats the output projection into every head). Default: unchanged."""
+        return state
 
     # ---- the teacher ------------------------------------------------------------------------------------------
     def teacher_x0(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,

@@ -63,6 +63,7 @@ class FastGenModel(nn.Module):
         adapter = getattr(config, "net_adapter", None)
         if adapter is not None:  # LoRA (fastgen.utils.lora_utils): before the EMA copies, which share its layout
             instantiate(adapter).apply(self.net)
+        self.adapt_net(self.net)
         self.ema_nets = nn.ModuleDict()
         for name in config.ema_names:
             if name in ("net",):
@@ -72,6 +73,10 @@ class FastGenModel(nn.Module):
         self.num_classes = int(config.num_classes)
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.schedulers: dict[str, Any] = {}
+
+    def adapt_net(self, net: nn.Module) -> None:
+        """A method's change to the trained network's architecture (PDD widens its output projection), made in
+        place before the EMA copies are taken so that they share it. Default: none."""
 
     # ---- what the trainer checkpoints and steps ------------------------------------------------------------
     @property

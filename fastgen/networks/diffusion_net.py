@@ -8,7 +8,9 @@ the one named by ``fwd_pred_type``. The backbone sees ``F(c_in * x_t, c_noise, c
 heads); ``features_only=True`` returns just that list of features, and a backbone whose ``forward`` accepts
 ``features_only`` stops computing once it has them (a discriminator head on a U-Net's bottleneck never needs the
 decoder); ``return_logvar`` returns the EDM2 per-time uncertainty ``u(sigma)`` (Karras et al. 2024, Eq. 21) when
-the backbone provides one.
+the backbone provides one. A backbone whose output projection was widened into ``k`` heads (PDD,
+``fastgen.networks.heads``) returns ``k`` times the channels; the forward then returns ``k`` predictions,
+``(B, k, C, ...)``, each preconditioned as the single one would be.
 """
 
 from __future__ import annotations
@@ -86,7 +88,22 @@ class DiffusionNet(nn.Module):
                 logvar = extras[0]
         elif return_logvar:
             raise ValueError(f"{type(self.backbone).__name__} does not predict a log-variance")
+        heads = _head_count(out, x_t)
+        if heads > 1:  # a widened output projection (fastgen.networks.heads): one prediction per head
+            out = out.unflatten(1, (heads, x_t.shape[1])).flatten(0, 1)
+            x_t, t = x_t.repeat_interleave(heads, 0), t.repeat_interleave(heads, 0)
+            c_skip, c_out = c_skip.repeat_interleave(heads, 0), c_out.repeat_interleave(heads, 0)
         pred = expand_like(c_skip, x_t) * x_t + expand_like(c_out, x_t) * out.to(x_t.dtype)
         if fwd_pred_type is not None and fwd_pred_type != self.native_pred_type:
             pred = self.noise_scheduler.convert(pred, x_t, t, self.native_pred_type, fwd_pred_type)
+        if heads > 1:
+            pred = pred.unflatten(0, (-1, heads))
         return contract_output(pred, features, logvar)
+
+
+def _head_count(out: torch.Tensor, x_t: torch.Tensor) -> int:
+    """How many predictions a backbone output holds: 1, or ``k`` when it has ``k`` times the input's channels
+    (a widened output projection, ``fastgen.networks.heads``; then ``forward`` returns ``(B, k, C, ...)``)."""
+    if out.dim() != x_t.dim() or out.shape[1] == x_t.shape[1] or out.shape[1] % x_t.shape[1]:
+        return 1
+    return out.shape[1] // x_t.shape[1]

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fastgen.networks.heads import HeadSpec
 from fastgen.networks.layers import FourierEmbedding, as_one_hot, contract_output
 
 
@@ -239,9 +240,14 @@ class DiT(nn.Module):
 
     def unpatchify(self, tokens: torch.Tensor) -> torch.Tensor:
         """``(B, T, p * p * C)`` -> ``(B, C, H, W)``, token ``i`` at patch row ``i // grid``, column ``i % grid``."""
-        b, p, g, c = tokens.shape[0], self.patch_size, self.grid, self.out_channels
+        b, p, g = tokens.shape[0], self.patch_size, self.grid
+        c = tokens.shape[-1] // (p * p)  # out_channels, or heads * out_channels once widened (head_projection)
         x = tokens.reshape(b, g, g, p, p, c)
         return torch.einsum("bhwpqc->bchpwq", x).reshape(b, c, g * p, g * p)
+
+    def head_projection(self) -> HeadSpec:
+        """The output projection PDD widens: the final linear, whose rows are ``(patch, channel)`` per token."""
+        return HeadSpec("final_layer.linear", "patch_major", self.out_channels)
 
     def _token_map(self, tokens: torch.Tensor) -> torch.Tensor:
         """``(B, T, D)`` tokens as a ``(B, D, H / p, W / p)`` map: what ``FeatureHead`` convolves."""

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fastgen.networks.heads import HeadSpec
 from fastgen.networks.layers import ConditionEmbedding
 
 
@@ -142,6 +143,10 @@ class UNet(nn.Module):
     def bottleneck_feature_index(self) -> int:
         """The ``feature_indices`` entry of the bottleneck (deepest) features - where discriminator heads attach."""
         return len(self.down)
+
+    def head_projection(self) -> HeadSpec:
+        """The output projection PDD widens: the last convolution (its outputs are the channels)."""
+        return HeadSpec("conv_out")
 
     def forward(
         self,

@@ -1,0 +1,223 @@
+"""PDD - Parallel Decoding Distillation (arXiv 2607.26004): one student evaluation gives a velocity for every later
+interval of a fixed time grid, and contiguous intervals fuse into one evaluation at sampling time.
+
+Everything runs in rectified-flow (RF) coordinates, ``x_t = (1 - t) x0 + t eps`` with velocity ``v = eps - x0``
+(Liu et al. 2023), whatever schedule the networks were trained with: a network's ``x0`` estimate at the RF state
+``(x, t)`` is read at the state with the same signal-to-noise ratio in its own schedule
+(``fastgen.methods.cm_utils.map_state``), and ``v = (x - x0) / t``. So an EDM teacher (the shipped digits U-Net)
+is distilled through the same ODE it samples, reparametrised.
+
+* The grid: ``N`` intervals ``t_0 > ... > t_N = 0`` with ``t_i = t_max * s u_i / (1 + (s - 1) u_i)``,
+  ``u_i = 1 - i / N`` (the time shift of Esser et al. 2024, Eq. 23, scaled to start at ``t_max``).
+* The student: the teacher with its output projection widened into ``N`` heads, each a copy of the teacher's
+  (``fastgen.networks.heads``), so at initialisation every head is the teacher's velocity.
+* Training (the paper's objective): draw an interval ``n`` (aligned to ``block_size_min``) and a target interval
+  ``k`` uniform in ``[n, min(n + block_size_max, N))``; noise the data to ``x_n``; one student pass gives all heads
+  ``v_j(x_n)``; integrate the student's own heads ``n .. k-1`` without gradient,
+  ``x̄_k = x_n + sum_{j=n}^{k-1} (t_{j+1} - t_j) v_j(x_n)``; regress head ``k`` onto the teacher's (guided)
+  velocity at ``(x̄_k, t_k)`` - an Euler target, or the teacher's midpoint velocity
+  ``v_T(x̄_k + (Δ_k / 2) v_T(x̄_k, t_k), t_k + Δ_k / 2)``.
+* Sampling: a partition of the grid into blocks (``inference_blocks``, or ``steps`` near-equal blocks); each block
+  ``[s, e)`` is one evaluation at ``x_s`` with the heads fused into ``sum_j w_j v_j``,
+  ``w_j = (t_{j+1} - t_j) / (t_e - t_s)``, then ``x_e = x_s + (t_e - t_s) v``. Blocks of one interval are the
+  per-interval Euler steps; one block of all ``N`` is a one-evaluation sampler - from one trained student.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from fastgen.distributed.keyed_rng import RandomSource
+from fastgen.methods.cm_utils import map_state
+from fastgen.methods.distill import DistillationModel
+from fastgen.networks.heads import fuse_heads, head_projection_of, widen_output, widen_state_dict
+from fastgen.networks.noise_schedules import RectifiedFlowScheduler, expand_like
+from fastgen.utils.errors import ConfigError
+
+RF = RectifiedFlowScheduler()
+
+
+def shifted_grid(intervals: int, shift: float, t_max: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``intervals + 1`` RF times from ``t_max`` to 0: ``t_max * s u / (1 + (s - 1) u)`` at ``u = 1 - i / N``
+    (Esser et al. 2024, Eq. 23)."""
+    u = torch.linspace(1.0, 0.0, intervals + 1, dtype=torch.float64, device="cpu")  # CPU even in a meta build
+    return (t_max * shift * u / (1.0 + (shift - 1.0) * u)).to(dtype)
+
+
+def fusion_weights(grid: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """The head weights of block ``[start, end)``: ``w_j = (t_{j+1} - t_j) / (t_end - t_start)`` on its heads and
+    0 elsewhere (they sum to 1)."""
+    if not 0 <= start < end <= grid.numel() - 1:
+        raise ValueError(f"block [{start}, {end}) is not inside the grid's {grid.numel() - 1} intervals")
+    steps = grid[1:] - grid[:-1]
+    weights = torch.zeros_like(steps)
+    weights[start:end] = steps[start:end] / (grid[end] - grid[start])
+    return weights
+
+
+def even_blocks(intervals: int, steps: int) -> list[int]:
+    """``steps`` block sizes summing to ``intervals``, as equal as they can be (the larger ones last, where the
+    grid's intervals are small in a shifted grid)."""
+    if not 1 <= steps <= intervals:
+        raise ValueError(f"a PDD student on {intervals} intervals samples with 1 to {intervals} steps, not {steps}")
+    base, extra = divmod(intervals, steps)
+    return [base + (1 if i >= steps - extra else 0) for i in range(steps)]
+
+
+class PDDModel(DistillationModel):
+    student_sampler = "pdd"
+
+    def __init__(self, config: Any) -> None:
+        if config.t_list:
+            raise ConfigError("model.t_list is not used by PDD: its student samples with model.inference_blocks "
+                              "(or `fastgen sample --steps`)")
+        n = int(config.grid_size)
+        if n < 1:
+            raise ConfigError(f"model.grid_size must be at least 1, got {n}")
+        if not 1 <= config.block_size_min <= n or n % config.block_size_min:
+            raise ConfigError(f"model.block_size_min ({config.block_size_min}) must divide model.grid_size ({n})")
+        if config.block_size_max is not None and not 1 <= config.block_size_max <= n:
+            raise ConfigError(f"model.block_size_max must be between 1 and model.grid_size ({n})")
+        if config.grid_shift <= 0:
+            raise ConfigError("model.grid_shift must be positive")
+        if config.grid_max_t is not None and not 0.0 < config.grid_max_t <= 1.0:
+            raise ConfigError("model.grid_max_t is a rectified-flow time: it must be in (0, 1]")
+        self._grid: torch.Tensor | None = None
+        super().__init__(config)
+        if config.inference_blocks is not None:
+            self.check_blocks(list(config.inference_blocks), "model.inference_blocks")
+
+    # ---- the grid and the heads -----------------------------------------------------------------------------
+    def grid_max_t(self, scheduler: Any) -> float:
+        """``model.grid_max_t``, else the RF time of the student schedule's ``t_max`` (``sigma / (1 + sigma)`` for
+        EDM's ``sigma_max``; the schedule's own ``t_max`` for rectified flow)."""
+        if self.config.grid_max_t is not None:
+            return float(self.config.grid_max_t)
+        if isinstance(scheduler, RectifiedFlowScheduler):
+            return float(scheduler.t_max)
+        t_max = torch.tensor([float(scheduler.t_max)], dtype=torch.float64, device="cpu")
+        _, t_rf = map_state(scheduler, RF, torch.zeros(1, dtype=torch.float64, device="cpu"), t_max)
+        return float(t_rf)
+
+    def adapt_net(self, net: nn.Module) -> None:
+        """Widen the student's output projection into ``grid_size`` heads, storing the grid with them."""
+        grid = shifted_grid(int(self.config.grid_size), float(self.config.grid_shift),
+                            self.grid_max_t(net.noise_scheduler))
+        self._grid = grid
+        widen_output(net, int(self.config.grid_size), grid)
+
+    @property
+    def grid(self) -> torch.Tensor:
+        """The RF time grid (float64, CPU; ``grid_size + 1`` times from ``grid_max_t`` to 0)."""
+        assert self._grid is not None
+        return self._grid
+
+    def student_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A teacher-architecture state dict with its output projection repeated into every head."""
+        return widen_state_dict(state, self.net)
+
+    def check_blocks(self, blocks: list[int], what: str) -> list[int]:
+        if not blocks or any(int(b) < 1 for b in blocks) or sum(int(b) for b in blocks) != self.config.grid_size:
+            raise ConfigError(f"{what} must be positive block sizes summing to model.grid_size "
+                              f"({self.config.grid_size}), got {blocks}")
+        return [int(b) for b in blocks]
+
+    # ---- velocities in RF coordinates --------------------------------------------------------------------------
+    def _rf_velocity(self, x: torch.Tensor, t: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """``v = (x - x0) / t``; ``x0`` may carry a heads axis after the batch."""
+        if x0.dim() == x.dim() + 1:
+            x = x.unsqueeze(1)
+        return (x - x0) / expand_like(t, x0)
+
+    def student_velocity(self, net: nn.Module, x: torch.Tensor, t: torch.Tensor,
+                         condition: torch.Tensor | None) -> torch.Tensor:
+        """``net``'s RF velocity at ``(x, t)``: ``(B, N, ...)`` with all heads, or ``(B, ...)`` inside ``fuse_heads``."""
+        xs, ts = map_state(RF, net.noise_scheduler, x, t)
+        return self._rf_velocity(x, t, net(xs, ts, condition=condition, fwd_pred_type="x0"))
+
+    def teacher_velocity(self, x: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
+        """The teacher's (guided, ``model.guidance_scale``) RF velocity at ``(x, t)``."""
+        xs, ts = map_state(RF, self.teacher.noise_scheduler, x, t)
+        return self._rf_velocity(x, t, self.teacher_x0(xs, ts, condition))
+
+    # ---- the step ----------------------------------------------------------------------------------------------
+    def draw_intervals(self, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(n, k)`` per sample: ``n`` uniform over the multiples of ``block_size_min`` below ``N``, ``k`` uniform
+        in ``[n, min(n + block_size_max, N))`` (the paper's target-interval distribution)."""
+        n_total, low = int(self.config.grid_size), int(self.config.block_size_min)
+        high = int(self.config.block_size_max or n_total)
+        n = low * self.rng.randint(n_total // low, (batch,), device=device)
+        span = torch.clamp(n_total - n, max=high)
+        k = n + (self.rng.rand((batch,), device=device) * span).long().clamp(max=span - 1)
+        return n, k
+
+    def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        real = data["real"].to(self.precision)
+        condition = self.condition_of(data)
+        batch, device = real.shape[0], real.device
+        grid = self.grid.to(device=device, dtype=torch.float32)
+        n, k = self.draw_intervals(batch, device)
+        t_n = grid[n].to(real.dtype)
+        eps = self.rng.randn_like(real)
+        x_n = RF.add_noise(real, eps, t_n)
+        heads = self.student_velocity(self.net, x_n, t_n, condition)  # (B, N, ...)
+        rows = torch.arange(batch, device=device)
+        with torch.no_grad():
+            steps = (grid[1:] - grid[:-1]).to(real.dtype)
+            index = torch.arange(int(self.config.grid_size), device=device)
+            take = ((index >= n[:, None]) & (index < k[:, None])).to(real.dtype) * steps  # (B, N)
+            x_k = x_n + torch.einsum("bj,bj...->b...", take, heads.detach())
+            t_k = grid[k].to(real.dtype)
+            target = self.teacher_velocity(x_k, t_k, condition)
+            if self.config.teacher_integrator == "midpoint":
+                half = (grid[k + 1] - grid[k]).to(real.dtype) / 2
+                target = self.teacher_velocity(x_k + expand_like(half, x_k) * target, t_k + half, condition)
+        pred = heads[rows, k]
+        loss = (pred.float() - target.float()).square().mean()
+        with torch.no_grad():
+            span = (k - n).float().mean()
+        loss_dict = {"total_loss": loss, "pdd_loss": loss.detach(), "pdd_target_span": span}
+        return loss_dict, {"generated": x_k.detach(), "target": target}
+
+    # ---- sampling ----------------------------------------------------------------------------------------------
+    def generate(self, net: nn.Module, noise: torch.Tensor, condition: torch.Tensor | None,
+                 times: list[float] | None = None, generator: RandomSource = None,
+                 blocks: list[int] | None = None) -> torch.Tensor:
+        """The fused-block sampler from prior ``noise`` (``x_{t_max}`` of the student's schedule): one evaluation
+        per block of ``blocks`` (default ``model.inference_blocks``, else one block per interval)."""
+        if times is not None:
+            raise ValueError("a PDD student samples on its grid: pass blocks, not times")
+        n_total = int(self.config.grid_size)
+        blocks = self.check_blocks(blocks or list(self.config.inference_blocks or [1] * n_total), "blocks")
+        if head_projection_of(net) is None:
+            raise ValueError("PDD samples with the student (its widened heads); the teacher samples with Heun")
+        grid64 = self.grid
+        grid = grid64.to(device=noise.device, dtype=noise.dtype)
+        scheduler = net.noise_scheduler
+        eps = noise / scheduler.sigma(torch.tensor(float(scheduler.t_max), dtype=torch.float64)).to(noise)
+        x = grid[0] * eps
+        batch, start = noise.shape[0], 0
+        for size in blocks:
+            end = start + size
+            t = grid[start].expand(batch)
+            with fuse_heads(net, fusion_weights(grid64, start, end)):
+                v = self.student_velocity(net, x, t, condition)
+            x = x + (grid[end] - grid[start]) * v
+            start = end
+        return x
+
+    def generator_fn(self, net: nn.Module, noise: torch.Tensor, steps: int | None = None,
+                     condition: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The teacher samples with Heun; the student with ``steps`` near-equal blocks (``even_blocks``) when given,
+        else ``model.inference_blocks``."""
+        if net is self.teacher:
+            return super().generator_fn(net, noise, steps, condition, generator=generator)
+        blocks = even_blocks(int(self.config.grid_size), int(steps)) if steps else None
+        with torch.no_grad():
+            return self.generate(net, noise, condition, blocks=blocks)
+
+
+__all__ = ["PDDModel", "even_blocks", "fusion_weights", "shifted_grid"]
