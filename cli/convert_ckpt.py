@@ -36,6 +36,10 @@ Examples:
   #   DiffusionPipeline.from_pretrained("sd15_4step")("a fox", generator=torch.Generator().manual_seed(0), **call)
 
 \b
+  # a PDD student with 2 fused blocks (pass callback_on_step_end=PDDBlockWeights("flux_pdd_2"), see its model card)
+  fastgen convert-ckpt runs/pdd_flux flux_pdd_2 --to diffusers --steps 2
+
+\b
   # network weights for publishing; from and to S3 (credentials: --credentials-dir/s3.json or AWS_* variables)
   fastgen convert-ckpt s3://bucket/runs/dmd2/checkpoints student.safetensors --only ema
   fastgen convert-ckpt full.pth s3://bucket/published/0004000.pth
@@ -59,6 +63,7 @@ def convert_ckpt(
     piece_mb: int = typer.Option(64, "--piece-mb", help="Largest piece read at a time, in MiB (peak memory)."),
     merge_lora: bool = typer.Option(False, "--merge-lora", help="A LoRA run (model.net_adapter): fold the adapter into the base and write plain networks (.pth)."),
     weights: Optional[str] = typer.Option(None, "--weights", help="--to diffusers: the teacher's pipeline folder (default: the run's model.pretrained_model_path).", show_default=False),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="--to diffusers: sampling steps of the pipeline - a teacher's ODE grid, or a PDD student's blocks (default: the run's own).", show_default=False),
     log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
     """Convert a checkpoint between .pth, sharded DCP and safetensors; --only extracts one network; --to diffusers
@@ -70,10 +75,12 @@ def convert_ckpt(
         if merge_lora or dtype is not None:
             raise UsageError("--to diffusers merges LoRA networks itself and keeps the network's dtype: drop "
                              "--merge-lora / --dtype")
-        _export_diffusers(src, dst, only, weights, credentials_dir)
+        _export_diffusers(src, dst, only, weights, credentials_dir, steps)
         return
     if weights is not None:
         raise UsageError("--weights goes with --to diffusers")
+    if steps is not None:
+        raise UsageError("--steps goes with --to diffusers")
     if merge_lora:
         if to not in (None, "pth") or dtype is not None:
             raise UsageError("--merge-lora writes a .pth in the weights' own dtype: drop --to / --dtype")
@@ -114,14 +121,16 @@ def convert_ckpt(
                 f"{'one network' if only else 'network weights only'})", soft_wrap=True)
 
 
-def _export_diffusers(src: str, dst: str, only: Optional[str], weights: Optional[str], credentials_dir: str) -> None:
+def _export_diffusers(src: str, dst: str, only: Optional[str], weights: Optional[str], credentials_dir: str,
+                      steps: Optional[int] = None) -> None:
     import shlex
 
     from fastgen.cli import common
     from fastgen.pipelines.export import EXPORT_FILE, export_diffusers
 
     command = "fastgen " + shlex.join(common.ARGV)
-    info = export_diffusers(src, dst, only=only, weights=weights, credentials_dir=credentials_dir, command=command)
+    info = export_diffusers(src, dst, only=only, weights=weights, credentials_dir=credentials_dir, steps=steps,
+                            command=command)
     from rich.markup import escape
 
     c = out()
@@ -132,6 +141,9 @@ def _export_diffusers(src: str, dst: str, only: Optional[str], weights: Optional
     if info["global_seed"]:
         c.print("  note  this pipeline re-noises from torch's global generator: call torch.manual_seed(seed) "
                 "before it to reproduce fastgen sample", soft_wrap=True)
+    if "pdd" in info:
+        c.print(f"  note  a PDD student in {len(info['pdd']['blocks'])} block(s): pass callback_on_step_end="
+                f"fastgen.pipelines.pdd_blocks.PDDBlockWeights({escape(repr(dst))}) to the pipeline", soft_wrap=True)
 
 
 class _ProgressBar:

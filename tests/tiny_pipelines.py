@@ -47,6 +47,56 @@ def tiny_sdxl_pipeline(unet: Any, latent_channels: int = 1) -> Any:
                                      tokenizer_2=clip_tokenizer(), unet=unet, scheduler=DDIMScheduler())
 
 
+def qwen_tokenizer() -> Any:
+    """A byte-level BPE ``Qwen2Tokenizer`` without merges: one token per byte (the 256 byte symbols), plus Qwen's
+    end-of-text and the chat template's ``<|im_start|>`` / ``<|im_end|>`` as special tokens."""
+    from tokenizers import pre_tokenizers
+    from transformers import Qwen2Tokenizer
+
+    vocab = {"<|endoftext|>": 0}
+    for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[symbol] = len(vocab)
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[])
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    return tokenizer
+
+
+def qwen_text_encoder(hidden: int, vocab_size: int) -> Any:
+    """Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``, the class Qwen-Image's pipeline loads) at toy size: 2 text
+    layers ``hidden`` wide (multimodal RoPE sections for 4-dim half-heads), a 1-block vision tower it never uses."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    config = Qwen2_5_VLConfig(
+        text_config={"vocab_size": vocab_size, "hidden_size": hidden, "intermediate_size": 2 * hidden,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                     "max_position_embeddings": 2048, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": hidden,
+                       "patch_size": 2, "spatial_merge_size": 1, "temporal_patch_size": 1, "window_size": 8,
+                       "fullatt_block_indexes": [0]})
+    return Qwen2_5_VLForConditionalGeneration(config).eval()
+
+
+def tiny_qwenimage_pipeline(transformer: Any, latent_channels: int = 1) -> Any:
+    """Qwen-Image's pipeline at toy size around ``transformer`` (``TINY_QWEN_IMAGE``: 16-wide text): a one-level
+    ``AutoencoderKLQwenImage`` (16x16 pixels -> 8x8 latents; per-channel means 0.1, -0.2, ... and stds 1.5, 1.75,
+    ...), the toy Qwen2.5-VL and byte tokenizer, and Qwen-Image's own scheduler config (dynamic exponential shift,
+    shift_terminal 0.02)."""
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
+    from fastgen.configs.net_diffusers import QWEN_IMAGE_SCHEDULER
+
+    tokenizer = qwen_tokenizer()
+    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=latent_channels, dim_mult=[1, 1], num_res_blocks=1,
+                                 temperal_downsample=[False],
+                                 latents_mean=[0.1 * (i + 1) * (-1) ** i for i in range(latent_channels)],
+                                 latents_std=[1.5 + 0.25 * i for i in range(latent_channels)]).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER, use_dynamic_shifting=True,
+                                                time_shift_type="exponential")
+    return QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=qwen_text_encoder(16, len(tokenizer)),
+                             tokenizer=tokenizer, transformer=transformer)
+
+
 def t5_tokenizer() -> T5TokenizerFast:
     return T5TokenizerFast(vocab=[("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -1.0)]
                            + [(c, -2.0) for c in LETTERS], extra_ids=0)
@@ -70,9 +120,9 @@ def tiny_sd_pipeline() -> StableDiffusionPipeline:
 
 
 def tiny_family_pipeline(family: str, network: Any) -> Any:
-    """A pipeline of ``family`` (sd, sdxl, flux, wan) around ``network`` (the diffusers model of a fastgen network built
-    from ``fastgen.configs.net_diffusers``' ``TINY_*`` configs): one latent channel, 16x16 pixels -> 8x8 latents,
-    text encoders as wide as the network's text input (16; Flux's pooled 8)."""
+    """A pipeline of ``family`` (sd, sdxl, flux, wan, qwenimage) around ``network`` (the diffusers model of a fastgen
+    network built from ``fastgen.configs.net_diffusers``' ``TINY_*`` configs): one latent channel, 16x16 pixels ->
+    8x8 latents, text encoders as wide as the network's text input (16; Flux's pooled 8)."""
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, FluxPipeline, WanPipeline
     from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
@@ -82,6 +132,8 @@ def tiny_family_pipeline(family: str, network: Any) -> Any:
                                        feature_extractor=None, requires_safety_checker=False)
     if family == "sdxl":
         return tiny_sdxl_pipeline(network)
+    if family == "qwenimage":
+        return tiny_qwenimage_pipeline(network)
     if family == "flux":
         t5 = T5EncoderModel(T5Config(vocab_size=30, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
                                      decoder_start_token_id=0)).eval()

@@ -14,9 +14,13 @@ def edm_schedule(sigma_data: float = 0.5, sigma_min: float = 0.002, sigma_max: f
     )
 
 
-def flow_schedule(logit_mean: float = 0.0, logit_std: float = 1.0, shift: float = 1.0) -> DictConfig:
+def flow_schedule(logit_mean: float = 0.0, logit_std: float = 1.0, shift: float = 1.0,
+                  shift_terminal: float | None = None) -> DictConfig:
+    """Rectified flow (``RectifiedFlowScheduler``); ``shift_terminal`` only when given (a config without it reads as
+    before)."""
+    extra = {"shift_terminal": shift_terminal} if shift_terminal else {}
     return LazyCall("fastgen.networks.noise_schedules.RectifiedFlowScheduler")(
-        logit_mean=logit_mean, logit_std=logit_std, shift=shift
+        logit_mean=logit_mean, logit_std=logit_std, shift=shift, **extra
     )
 
 

@@ -12,6 +12,7 @@ run starts. The ``TINY_*`` dicts are the same classes at toy size, for tests and
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from omegaconf import DictConfig
@@ -53,6 +54,18 @@ WAN21_T2V_1_3B: dict[str, Any] = {
     "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 1024,
 }
 
+#: Qwen-Image's transformer (``Qwen/Qwen-Image``, ``transformer/config.json``): 60 double-stream blocks, 3072 wide
+#: (24 heads of 128), Qwen2.5-VL-7B's 3584-wide text states; 20,430,401,088 parameters.
+QWEN_IMAGE: dict[str, Any] = {
+    "patch_size": 2, "in_channels": 64, "out_channels": 16, "num_layers": 60, "attention_head_dim": 128,
+    "num_attention_heads": 24, "joint_attention_dim": 3584, "guidance_embeds": False, "axes_dims_rope": [16, 56, 56],
+}
+#: Qwen-Image's ``scheduler/scheduler_config.json`` (``FlowMatchEulerDiscreteScheduler``): the resolution-dependent
+#: ("dynamic", exponential) shift from the image's token count, and the grid's last time stretched to 0.02.
+QWEN_IMAGE_SCHEDULER: dict[str, Any] = {
+    "base_image_seq_len": 256, "max_image_seq_len": 8192, "base_shift": 0.5, "max_shift": 0.9, "shift_terminal": 0.02,
+}
+
 # Toy sizes of the same classes for 1-channel 8x8 inputs (digits).
 TINY_SD_UNET: dict[str, Any] = {
     "sample_size": 8, "in_channels": 1, "out_channels": 1, "layers_per_block": 1, "block_out_channels": [16, 32],
@@ -69,6 +82,10 @@ TINY_FLUX: dict[str, Any] = {
     "patch_size": 1, "in_channels": 4, "num_layers": 1, "num_single_layers": 2, "attention_head_dim": 8,
     "num_attention_heads": 2, "joint_attention_dim": 16, "pooled_projection_dim": 8, "guidance_embeds": False,
     "axes_dims_rope": [2, 2, 4],
+}
+TINY_QWEN_IMAGE: dict[str, Any] = {
+    "patch_size": 2, "in_channels": 4, "out_channels": 1, "num_layers": 2, "attention_head_dim": 8,
+    "num_attention_heads": 2, "joint_attention_dim": 16, "axes_dims_rope": [2, 2, 4],
 }
 TINY_WAN: dict[str, Any] = {
     "patch_size": [1, 2, 2], "num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 1, "out_channels": 1,
@@ -121,3 +138,29 @@ def wan_transformer(config: dict[str, Any], prompt_embeddings: str | None = None
     return _wrapped(LazyCall("fastgen.networks.diffusers_nets.WanTransformer")(
         config=dict(config), prompt_embeddings=prompt_embeddings, num_prompts=num_prompts, prompt_tokens=prompt_tokens,
     ), flow_schedule(shift=shift))
+
+
+def qwenimage_shift(image_seq_len: int, scheduler: dict[str, Any] | None = None) -> float:
+    """The time shift ``QwenImagePipeline`` samples with for ``image_seq_len`` packed latent tokens (``(H/2)(W/2)``;
+    4096 at 1024x1024): ``exp(mu)`` with ``mu`` linear in the token count between ``(base_image_seq_len,
+    base_shift)`` and ``(max_image_seq_len, max_shift)`` (the pipeline's ``calculate_shift``). The scheduler's
+    exponential dynamic shift ``e^mu / (e^mu + 1/t - 1)`` is exactly the static shift ``s t / (1 + (s - 1) t)``
+    with ``s = e^mu``, and its default grid ``linspace(1, 1/N, N)`` is the uniform one."""
+    config = {**QWEN_IMAGE_SCHEDULER, **(scheduler or {})}
+    slope = (config["max_shift"] - config["base_shift"]) / (config["max_image_seq_len"] - config["base_image_seq_len"])
+    mu = config["base_shift"] + slope * (image_seq_len - config["base_image_seq_len"])
+    return math.exp(mu)
+
+
+def qwenimage_transformer(config: dict[str, Any], prompt_embeddings: str | None = None, num_prompts: int = 0,
+                          prompt_tokens: int = 1, image_seq_len: int = 4096,
+                          scheduler: dict[str, Any] | None = None) -> DictConfig:
+    """A ``QwenImageTransformer2DModel`` on rectified flow: logit-normal training times; sampling times as
+    Qwen-Image's pipeline sets them for latents of ``image_seq_len`` packed tokens - its dynamic shift
+    (``qwenimage_shift``) and its scheduler's ``shift_terminal`` (``scheduler``: the pipeline's scheduler config,
+    default ``QWEN_IMAGE_SCHEDULER``). A run samples at the latent size it trains on: pass that size's
+    ``(H/2)(W/2)``."""
+    settings = {**QWEN_IMAGE_SCHEDULER, **(scheduler or {})}
+    return _wrapped(LazyCall("fastgen.networks.diffusers_nets.QwenImageTransformer")(
+        config=dict(config), prompt_embeddings=prompt_embeddings, num_prompts=num_prompts, prompt_tokens=prompt_tokens,
+    ), flow_schedule(shift=qwenimage_shift(image_seq_len, settings), shift_terminal=settings.get("shift_terminal")))

@@ -20,9 +20,9 @@ the first (Wan's VAE wants ``4 k + 1``).
 * ``latent.npy`` - float32 ``(C, h, w)`` (Wan: ``(C, f, h, w)``; an image is one frame): the codec's normalised
   latent;
 * ``text.npy`` - float32: the network's ``condition`` (``Codec.condition``: the text embeddings; Flux's packs the
-  pooled vector in row 0, SDXL's also its size-and-crop time ids); extras by family: ``pooled.npy`` (Flux, SDXL),
-  ``time_ids.npy`` (SDXL: original height, width, crop top, left, target height, width), ``text_mask.npy`` (Wan;
-  int64);
+  pooled vector in row 0, SDXL's also its size-and-crop time ids; Wan's and Qwen-Image's are zero past the
+  prompt's own tokens); extras by family: ``pooled.npy`` (Flux, SDXL), ``time_ids.npy`` (SDXL: original height,
+  width, crop top, left, target height, width), ``text_mask.npy`` (Wan, Qwen-Image; int64);
 * ``txt`` - the caption; ``json`` - ``{"source", "size": [w, h], "crop": [left, top, side]}`` (videos also
   ``"frames": [first, stride, count]`` and ``"fps"``).
 

@@ -190,8 +190,7 @@ class PDDModel(DistillationModel):
         per block of ``blocks`` (default ``model.inference_blocks``, else one block per interval)."""
         if times is not None:
             raise ValueError("a PDD student samples on its grid: pass blocks, not times")
-        n_total = int(self.config.grid_size)
-        blocks = self.check_blocks(blocks or list(self.config.inference_blocks or [1] * n_total), "blocks")
+        blocks = self.check_blocks(list(blocks), "blocks") if blocks else self.sampling_blocks()
         if head_projection_of(net) is None:
             raise ValueError("PDD samples with the student (its widened heads); the teacher samples with Heun")
         grid64 = self.grid
@@ -215,9 +214,27 @@ class PDDModel(DistillationModel):
         else ``model.inference_blocks``."""
         if net is self.teacher:
             return super().generator_fn(net, noise, steps, condition, generator=generator)
-        blocks = even_blocks(int(self.config.grid_size), int(steps)) if steps else None
         with torch.no_grad():
-            return self.generate(net, noise, condition, blocks=blocks)
+            return self.generate(net, noise, condition, blocks=self.sampling_blocks(steps))
+
+    def sampling_blocks(self, steps: int | None = None) -> list[int]:
+        """The blocks the student samples with: ``steps`` near-equal ones (``even_blocks``) when given, else
+        ``model.inference_blocks``, else one per interval."""
+        n_total = int(self.config.grid_size)
+        if steps:
+            return even_blocks(n_total, int(steps))
+        return self.check_blocks(list(self.config.inference_blocks or [1] * n_total), "model.inference_blocks")
+
+    def block_times(self, blocks: list[int]) -> list[float]:
+        """The RF times the blocks start at (where the sampler evaluates the student)."""
+        starts = [0]
+        for size in blocks[:-1]:
+            starts.append(starts[-1] + size)
+        return [float(self.grid[i]) for i in starts]
+
+    def sampling_options(self, steps: int | None) -> dict[str, Any]:
+        """``generate``'s arguments for ``steps`` sampling steps (``fastgen sample --prompt --steps``)."""
+        return {"blocks": self.sampling_blocks(steps)}
 
 
 __all__ = ["PDDModel", "even_blocks", "fusion_weights", "shifted_grid"]

@@ -14,6 +14,11 @@ distilled student is only usable in the family's pipeline if fastgen does both e
   ``latents_std``; prompts cleaned as the pipeline cleans them -> umT5's last hidden state under the attention
   mask, cut at each prompt's length and zero-padded to ``max_sequence_length`` (512, what ``WanPipeline.__call__``
   uses). ``(B, C, F, H, W)`` videos; an image is one frame.
+* **Qwen-Image** (``QwenImagePipeline``): its 5-D VAE, per-channel ``z = (E(x) - mu_c) / sigma_c`` as its pipelines
+  write it (times ``1 / sigma_c``), images as ``(B, C, H, W)`` (the one frame dropped); prompts in the pipeline's
+  chat template -> Qwen2.5-VL's last hidden state under the attention mask, the template's first 34 tokens dropped
+  (``_get_qwen_prompt_embeds``), each prompt cut at ``max_sequence_length`` (512, what ``__call__`` uses) and
+  zero-padded to it; ``text_mask`` marks its own tokens (the network reads the mask back from the zero rows).
 
 ``E(x)`` is the mode (mean) of the VAE's posterior unless a generator is given (then a sample, as diffusers'
 training scripts draw): deterministic latents make a data set reproducible. Pixels are ``[-1, 1]``.
@@ -309,9 +314,71 @@ class WanCodec(Codec):
         return {"text": hidden * keep.to(hidden.dtype), "text_mask": mask}
 
 
-CODECS: dict[str, type[Codec]] = {cls.family: cls for cls in (SDCodec, SDXLCodec, FluxCodec, WanCodec)}
+class QwenImageCodec(Codec):
+    """Qwen-Image (Wu et al. 2025): ``AutoencoderKLQwenImage`` (a causal 3-D VAE; images are one frame) with its
+    per-channel ``latents_mean`` / ``latents_std``, and Qwen2.5-VL's last hidden states of the prompt in the
+    pipeline's chat template, variable-length (each prompt's own tokens, zero-padded)."""
+
+    family = "qwenimage"
+    components = ("tokenizer", "text_encoder")
+    #: ``QwenImagePipeline.prompt_template_encode``: the system turn that asks for a description, then the prompt
+    PROMPT_TEMPLATE: ClassVar[str] = (
+        "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
+        "relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+        "<|im_start|>assistant\n")
+    #: ``prompt_template_encode_start_idx``: the template's leading tokens (the system turn) dropped from the states
+    TEMPLATE_TOKENS: ClassVar[int] = 34
+    #: ``tokenizer_max_length``: the prompt's tokens kept by the tokenizer beyond the dropped ones
+    TOKENIZER_MAX_LENGTH: ClassVar[int] = 1024
+
+    def __init__(self, vae: nn.Module, max_sequence_length: int = 512, **parts: Any) -> None:
+        super().__init__(vae, **parts)
+        self.max_sequence_length = int(max_sequence_length)
+
+    def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``latents_mean`` and ``1 / latents_std`` as ``(1, C, 1, 1, 1)``: the pipelines scale by the reciprocal."""
+        shape = (1, self.vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(self.vae.config.latents_mean).view(shape).to(like.device, like.dtype)
+        inverse = 1.0 / torch.tensor(self.vae.config.latents_std).view(shape).to(like.device, like.dtype)
+        return mean, inverse
+
+    def normalise(self, raw: torch.Tensor) -> torch.Tensor:
+        mean, inverse = self._stats(raw)
+        return (raw - mean) * inverse  # QwenImageImg2ImgPipeline._encode_vae_image
+
+    def denormalise(self, latents: torch.Tensor) -> torch.Tensor:
+        mean, inverse = self._stats(latents)
+        return latents / inverse + mean  # QwenImagePipeline.__call__ before vae.decode
+
+    def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``(B, C, H, W)`` latents of ``(B, 3, H, W)`` pixels (the VAE sees one frame)."""
+        return super().encode_images(pixels.unsqueeze(2), generator)[:, :, 0]
+
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """``(B, 3, H, W)`` pixels of ``(B, C, H, W)`` latents (decoded as one frame, as the pipeline does)."""
+        return super().decode_latents(latents.unsqueeze(2))[:, :, 0]
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        tokens = self.tokenizers["tokenizer"]([self.PROMPT_TEMPLATE.format(p) for p in prompts],
+                                              max_length=self.TOKENIZER_MAX_LENGTH + self.TEMPLATE_TOKENS,
+                                              padding=True, truncation=True, return_tensors="pt")
+        attention = tokens.attention_mask.to(self.device)
+        hidden = self.encoders["text_encoder"](input_ids=tokens.input_ids.to(self.device), attention_mask=attention,
+                                               output_hidden_states=True).hidden_states[-1]
+        text = hidden.new_zeros(len(prompts), self.max_sequence_length, hidden.shape[-1])
+        mask = torch.zeros(len(prompts), self.max_sequence_length, dtype=torch.long, device=hidden.device)
+        for row, (states, keep) in enumerate(zip(hidden, attention.bool())):
+            own = states[keep][self.TEMPLATE_TOKENS:][: self.max_sequence_length]
+            text[row, : len(own)] = own
+            mask[row, : len(own)] = 1
+        return {"text": text, "text_mask": mask}
+
+
+CODECS: dict[str, type[Codec]] = {cls.family: cls for cls in (SDCodec, SDXLCodec, FluxCodec, WanCodec,
+                                                             QwenImageCodec)}
 _BY_PIPELINE = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl", "FluxPipeline": "flux",
-                "WanPipeline": "wan"}
+                "WanPipeline": "wan", "QwenImagePipeline": "qwenimage"}
 
 
 def codec_family(folder: str | Path, family: str | None = None) -> str:
@@ -343,4 +410,5 @@ def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype
         return CODECS[family].from_pretrained(folder, dtype=dtype, text=text, **kwargs)
 
 
-__all__ = ["CODECS", "Codec", "FluxCodec", "SDCodec", "SDXLCodec", "WanCodec", "codec_family", "load_codec"]
+__all__ = ["CODECS", "Codec", "FluxCodec", "QwenImageCodec", "SDCodec", "SDXLCodec", "WanCodec", "codec_family",
+           "load_codec"]

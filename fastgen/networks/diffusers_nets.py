@@ -1,5 +1,5 @@
-"""diffusers-backed backbones: Stable-Diffusion-style U-Nets, Flux-style and Wan-style transformers in the network
-contract (``fastgen.networks.diffusion_net``), behind the optional extra ``pip install fastgen[diffusers]``.
+"""diffusers-backed backbones: Stable-Diffusion-style U-Nets, Flux-, Wan- and Qwen-Image-style transformers in the
+network contract (``fastgen.networks.diffusion_net``), behind the optional extra ``pip install fastgen[diffusers]``.
 
 Each class wraps one diffusers model class, built from its architecture config (a dict, as in the model's
 ``config.json``), so that ``fastgen dryrun`` and meta-device builds size a 12B transformer without its weights.
@@ -7,17 +7,23 @@ The weights come from ``model.pretrained_model_path`` - a local diffusers folder
 inside a pipeline folder, or the model folder itself) read with safetensors in ``load_pretrained`` - when a run
 starts, never in ``__init__``. The schedule is the one the model was trained with, set by the config builders in
 ``fastgen.configs.net_diffusers``: discrete VP with epsilon prediction for SD (``DiscreteVPScheduler``), rectified
-flow for Flux and Wan (``x_t = (1 - t) x0 + t eps``, velocity ``eps - x0``; Esser et al. 2024; Wan 2025).
+flow for Flux, Wan and Qwen-Image (``x_t = (1 - t) x0 + t eps``, velocity ``eps - x0``; Esser et al. 2024; Wan
+2025; Wu et al. 2025).
 
 What each backbone is given (``forward(x, c_noise, condition, r_noise, feature_indices, return_logvar)``):
 
 * ``x``: latents ``(B, C, H, W)``; for Wan also ``(B, C, F, H, W)`` video latents (an image is one frame). Flux
-  packs 2x2 latent patches into tokens itself (its pipeline's ``_pack_latents``), so ``in_channels = 4 C``.
-* ``c_noise``: the schedule's time: SD's step index ``0..N-1``; Flux's ``t in [0, 1]`` (the transformer scales by
-  1000 itself); Wan's ``t`` scaled to ``0..1000`` here, as its pipeline passes it.
+  and Qwen-Image pack 2x2 latent patches into tokens themselves (their pipelines' ``_pack_latents``), so
+  ``in_channels = 4 C``.
+* ``c_noise``: the schedule's time: SD's step index ``0..N-1``; Flux's and Qwen-Image's ``t in [0, 1]`` (the
+  transformers scale by 1000 themselves; Qwen-Image's pipeline passes ``timestep / 1000``); Wan's ``t`` scaled to
+  ``0..1000`` here, as its pipeline passes it.
 * ``condition``: **text embeddings** ``(B, T, D)`` (``D`` = the model's cross-attention / joint-attention / text
   dimension); for Flux, row 0 carries the pooled text vector (CLIP's, first ``pooled_projection_dim`` channels,
-  zero-padded) and rows ``1..T`` the token embeddings - ``pack_flux_condition`` builds that layout. **Or class
+  zero-padded) and rows ``1..T`` the token embeddings - ``pack_flux_condition`` builds that layout. Qwen-Image's
+  variable-length prompts are zero-padded (as its pipeline pads them) and the padding is the all-zero rows: the
+  backbone masks them out of the joint attention (``encoder_hidden_states_mask``), so the one tensor carries the
+  mask too. **Or class
   labels** (``(B,)`` integers or ``(B, num_prompts)`` one-hot rows) when the backbone has a prompt bank
   (``prompt_embeddings``: one embedding sequence per class, e.g. "a photo of a {class}" encoded once): a label
   selects its prompt's embeddings, so the library's class-conditional machinery (label dropout, guidance, balanced
@@ -26,6 +32,10 @@ What each backbone is given (``forward(x, c_noise, condition, r_noise, feature_i
 * ``feature_indices``: indices into ``shard_units()``; the chosen units' image-token outputs come back as
   ``(B, D, h, w)`` maps (video frames stacked along ``h``) for the discriminator heads.
 * ``return_logvar``: not provided by these models (a one-line error).
+
+Classifier-free guidance is ``u + s (c - u)`` - linear, the same on any prediction type - except where a backbone
+says otherwise (``linear_guidance = False``; ``guide``): Qwen-Image's pipeline rescales the guided velocity to the
+conditional one's norm, per token.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastgen.networks.heads import HeadSpec
 from fastgen.networks.layers import contract_output
 from fastgen.utils.errors import UsageError
 from fastgen.utils.safe_pickle import torch_load
@@ -163,6 +174,9 @@ class DiffusersBackbone(nn.Module):
     weights_subfolder: str = ""
     text_dim_key: str = ""  # the config entry with the width of the text embeddings the model attends to
     bank_extra_tokens: int = 0  # rows a prompt of the bank holds beyond its tokens (Flux: the pooled row)
+    #: whether classifier-free guidance is ``u + s (c - u)`` (then it is the same on any prediction type); when
+    #: not, samplers combine the native predictions with ``guide`` (Qwen-Image: rescaled to the conditional norm)
+    linear_guidance: bool = True
 
     def __init__(self, config: dict[str, Any], prompt_embeddings: str | None = None, num_prompts: int = 0,
                  prompt_tokens: int = 1) -> None:
@@ -230,6 +244,10 @@ class DiffusersBackbone(nn.Module):
     def bottleneck_feature_index(self) -> int:
         return len(self.shard_units()) // 2
 
+    def guide(self, cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+        """Classifier-free guidance of the native predictions ``cond`` / ``uncond`` (Ho & Salimans 2022, Eq. 6)."""
+        return uncond + scale * (cond - uncond)
+
     def _call(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -289,6 +307,10 @@ class SDUNet(DiffusersBackbone):
 
     def shard_units(self) -> list[nn.Module]:
         return [*self.model.down_blocks, self.model.mid_block, *self.model.up_blocks]
+
+    def head_projection(self) -> HeadSpec:
+        """The output projection PDD widens: the last convolution (its outputs are the channels)."""
+        return HeadSpec("model.conv_out")
 
     def _call(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         return self.model(x, c_noise, encoder_hidden_states=text, return_dict=False)[0]
@@ -354,6 +376,11 @@ class FluxTransformer(DiffusersBackbone):
     def shard_units(self) -> list[nn.Module]:
         return [*self.model.transformer_blocks, *self.model.single_transformer_blocks]
 
+    def head_projection(self) -> HeadSpec:
+        """The output projection PDD widens: ``proj_out``, whose rows per token are ``(channel, 2, 2)`` - channel
+        major, so ``unpack_flux_latents`` of a widened output gives the heads' channels one after another."""
+        return HeadSpec("model.proj_out")
+
     def text_embeddings(self, condition: torch.Tensor | None, batch: int, dtype: torch.dtype,
                         device: torch.device) -> torch.Tensor:
         text = super().text_embeddings(condition, batch, dtype, device)
@@ -400,6 +427,11 @@ class WanTransformer(DiffusersBackbone):
     def shard_units(self) -> list[nn.Module]:
         return list(self.model.blocks)
 
+    def head_projection(self) -> HeadSpec:
+        """The output projection PDD widens: ``proj_out``, whose rows per token are ``(p_t, p_h, p_w, channel)``
+        (patch major; the model unpatchifies with the channel count taken from the tensor)."""
+        return HeadSpec("model.proj_out", "patch_major", int(self.model.config.out_channels))
+
     def _call(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         video = x if x.dim() == 5 else x.unsqueeze(2)
         out = self.model(video, (c_noise * 1000.0).to(x.dtype), text, return_dict=False)[0]
@@ -411,5 +443,76 @@ class WanTransformer(DiffusersBackbone):
         return _tokens_to_map(output, frames * (x.shape[-2] // p_h), x.shape[-1] // p_w)
 
 
+class QwenImageTransformer(DiffusersBackbone):
+    """Qwen-Image's ``QwenImageTransformer2DModel`` (Wu et al. 2025: an MM-DiT of double-stream blocks over 2x2-patch
+    latent tokens and Qwen2.5-VL text states), called as ``QwenImagePipeline`` calls it: latents packed as Flux's
+    (``_pack_latents``), ``img_shapes`` one frame of ``(H/2, W/2)`` tokens, ``timestep`` the flow time ``t`` (the
+    pipeline's ``timestep / 1000``) and ``encoder_hidden_states_mask`` the prompt's own tokens.
+
+    The mask travels in the condition itself: the pipeline zero-pads each prompt's states to the batch's longest
+    (``_get_qwen_prompt_embeds``) and the codec to ``max_sequence_length``, so a token is padding exactly when its
+    row is all zero - and the null condition (all zeros) is the text fully masked out, the unconditional model.
+    The mask never changes a real token's position (text RoPE starts after the image grid whatever the padding),
+    so the output does not depend on how far a prompt is padded.
+
+    Guidance is the pipeline's ``true_cfg_scale`` path (``guide``): ``u + s (c - u)`` rescaled per token to the
+    conditional velocity's norm. Shard units: every transformer block (each returns ``(text, image)`` tokens)."""
+
+    model_class = "QwenImageTransformer2DModel"
+    weights_subfolder = "transformer"
+    text_dim_key = "joint_attention_dim"
+    linear_guidance = False
+
+    def shard_units(self) -> list[nn.Module]:
+        return list(self.model.transformer_blocks)
+
+    def head_projection(self) -> HeadSpec:
+        """The output projection PDD widens: ``proj_out``, rows per token ``(channel, 2, 2)`` as Flux's."""
+        return HeadSpec("model.proj_out")
+
+    @staticmethod
+    def text_mask(text: torch.Tensor) -> torch.Tensor:
+        """``(B, T)``: True for a prompt's own tokens, False for the zero rows that pad it."""
+        return text.ne(0).any(dim=-1)
+
+    def _restore_rope_tables(self) -> None:
+        """The rotary tables of ``QwenEmbedRope`` are plain attributes, not buffers (diffusers keeps complex numbers
+        out of ``register_buffer``), so a meta-device build (``model.meta_init``, dryrun) leaves them on the meta
+        device after ``to_empty``; they depend on the config alone, so they are rebuilt here, once."""
+        rope = self.model.pos_embed
+        tables = getattr(rope, "pos_freqs", None)
+        if tables is None or not tables.is_meta:
+            return
+        with torch.device("cpu"):
+            fresh = type(rope)(theta=rope.theta, axes_dim=list(rope.axes_dim), scale_rope=rope.scale_rope)
+        rope.pos_freqs, rope.neg_freqs = fresh.pos_freqs, fresh.neg_freqs
+
+    def _call(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = x.shape
+        if h % 2 or w % 2:
+            raise ValueError(f"Qwen-Image packs 2x2 latent patches: height and width must be even, got {h}x{w}")
+        self._restore_rope_tables()
+        out = self.model(
+            hidden_states=pack_flux_latents(x), encoder_hidden_states=text,
+            encoder_hidden_states_mask=self.text_mask(text), timestep=c_noise.to(x.dtype),
+            img_shapes=[[(1, h // 2, w // 2)]] * b, return_dict=False,
+        )[0]
+        return unpack_flux_latents(out, h, w)
+
+    def _feature_map(self, output: Any, x: torch.Tensor) -> torch.Tensor:
+        image_tokens = output[1]  # every block returns (text tokens, image tokens)
+        return _tokens_to_map(image_tokens, x.shape[-2] // 2, x.shape[-1] // 2)
+
+    def guide(self, cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+        """``QwenImagePipeline.__call__``'s true classifier-free guidance of the velocities ``(B, C, H, W)``:
+        ``g = u + s (c - u)``, then ``g ||c|| / ||g||`` with the norms over each packed token's ``4 C`` channels
+        (one 2x2 latent patch; the pipeline takes them over the last axis of its packed latents)."""
+        h, w = cond.shape[-2:]
+        packed_cond = pack_flux_latents(cond)
+        combined = pack_flux_latents(uncond + scale * (cond - uncond))
+        rescaled = combined * (packed_cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
+        return unpack_flux_latents(rescaled, h, w)
+
+
 BACKBONES: dict[str, type[DiffusersBackbone]] = {cls.__name__: cls for cls in (SDUNet, SDXLUNet, FluxTransformer,
-                                                                                WanTransformer)}
+                                                                                WanTransformer, QwenImageTransformer)}

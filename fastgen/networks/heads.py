@@ -136,6 +136,14 @@ class HeadProjection(nn.Module):
         return tensor.reshape(self.base_out // c, self.heads, c, *rest).transpose(0, 1).reshape(
             self.heads, self.base_out, *rest)
 
+    def from_heads(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``by_head`` undone: ``(heads, base_out, ...)`` as the widened weight or bias of this layout."""
+        rest = tensor.shape[2:]
+        if self.spec.layout == "channel_major":
+            return tensor.reshape(self.heads * self.base_out, *rest)
+        c = int(self.spec.channels or 0)
+        return tensor.reshape(self.heads, self.base_out // c, c, *rest).transpose(0, 1).reshape(-1, *rest)
+
     # ---- forward ---------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def fused(self, coefficients: torch.Tensor) -> Iterator[None]:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastgen.networks.heads import HeadSpec
 from fastgen.networks.layers import ConditionEmbedding
 
 
@@ -27,6 +28,10 @@ class MLPDenoiser(nn.Module):
     def bottleneck_feature_index(self) -> int:
         """The ``feature_indices`` entry of the last hidden layer - where discriminator heads attach."""
         return len(self.layers) - 1
+
+    def head_projection(self) -> HeadSpec:
+        """The output projection PDD widens: the output layer (its outputs are the data's coordinates)."""
+        return HeadSpec("out")
 
     def shard_units(self) -> list[nn.Module]:
         """Each hidden layer: FSDP's shard units."""

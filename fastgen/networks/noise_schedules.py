@@ -181,13 +181,17 @@ class RectifiedFlowScheduler(NoiseScheduler):
     The network predicts the velocity ``flow = eps - x0`` directly (Lipman et al. 2023, Eq. 23, conditional OT
     path). Training times are logit-normal, ``t = sigmoid(n)`` with ``n ~ N(logit_mean, logit_std^2)``
     (Esser et al. 2024, Eq. 19); sampling uses a uniform grid from ``t_max`` to 0 with optional time shift
-    ``t' = s t / (1 + (s - 1) t)`` (Esser et al. 2024, Eq. 23).
+    ``t' = s t / (1 + (s - 1) t)`` (Esser et al. 2024, Eq. 23) and, with ``shift_terminal``, the last nonzero time
+    stretched to it, as diffusers' ``FlowMatchEulerDiscreteScheduler(shift_terminal=...)`` does
+    (``1 - t'' = (1 - t') (1 - shift_terminal) / (1 - t'_last)``; Qwen-Image's scheduler ends at 0.02).
     """
 
     native_pred_type: PredType = "flow"
 
-    def __init__(self, logit_mean: float = 0.0, logit_std: float = 1.0, t_max: float = 1.0, shift: float = 1.0) -> None:
+    def __init__(self, logit_mean: float = 0.0, logit_std: float = 1.0, t_max: float = 1.0, shift: float = 1.0,
+                 shift_terminal: float | None = None) -> None:
         self.logit_mean, self.logit_std, self.shift = float(logit_mean), float(logit_std), float(shift)
+        self.shift_terminal = float(shift_terminal) if shift_terminal else None
         self.t_min, self.t_max = 0.0, float(t_max)
 
     def alpha(self, t: torch.Tensor) -> torch.Tensor:
@@ -210,7 +214,11 @@ class RectifiedFlowScheduler(NoiseScheduler):
         if steps < 1:
             raise ValueError("sampling needs at least one step")
         t = torch.linspace(self.t_max, 0.0, steps + 1, device=device)
-        return self.shift * t / (1.0 + (self.shift - 1.0) * t)
+        t = self.shift * t / (1.0 + (self.shift - 1.0) * t)
+        if self.shift_terminal is None or steps < 2:  # one step: nothing to stretch (diffusers would divide by 0)
+            return t
+        inner = 1.0 - t[:-1]
+        return torch.cat([1.0 - inner * ((1.0 - self.shift_terminal) / inner[-1]), t[-1:]])
 
     def precondition(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return torch.zeros_like(t), torch.ones_like(t), torch.ones_like(t), t

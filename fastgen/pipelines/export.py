@@ -10,7 +10,9 @@ The folder is the teacher's pipeline folder (the run's ``model.pretrained_model_
   ``DiffusionPipeline.from_pretrained(OUT)(prompt, generator=torch.Generator().manual_seed(seed), **call)``
   renders what ``fastgen sample RUN --prompt prompt --seed seed`` rendered (with ``"global_seed": true``, also
   call ``torch.manual_seed(seed)`` first: that pipeline re-noises from torch's global generator);
-* ``README.md``, a model card with the command, the sampling and the run's (redacted) config.
+* ``README.md``, a model card with the command, the sampling and the run's (redacted) config;
+* for a PDD student, block 0's fused projection in the network and ``pdd_blocks.safetensors`` with every block's,
+  loaded step by step by ``fastgen.pipelines.pdd_blocks.PDDBlockWeights`` (``callback_on_step_end``).
 
 The other components (VAE, text encoders, tokenizers) are hard-linked from the weights folder when it is on the
 same file system, else copied. The folder is built beside ``OUT`` and renamed onto it when complete: a failure
@@ -31,7 +33,8 @@ from fastgen.utils.logging import get_logger
 logger = get_logger(__name__)
 
 EXPORT_FILE = "fastgen_export.json"
-_PIPELINE_TAG = {"sd": "text-to-image", "sdxl": "text-to-image", "flux": "text-to-image", "wan": "text-to-video"}
+_PIPELINE_TAG = {"sd": "text-to-image", "sdxl": "text-to-image", "flux": "text-to-image", "wan": "text-to-video",
+                 "qwenimage": "text-to-image"}
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -49,6 +52,9 @@ def _link_or_copy(source: Path, target: Path) -> None:
 def _model_card(info: dict[str, Any], config_yaml: str) -> str:
     call = ", ".join(f"{k}={v!r}" for k, v in info["call"].items())
     seed_line = "torch.manual_seed(0)  # this pipeline re-noises from torch's global generator\n" if info["global_seed"] else ""
+    if "pdd" in info:  # one fused output projection per block, loaded by a step-end callback
+        call += ", callback_on_step_end=PDDBlockWeights(\"PATH/TO/THIS/FOLDER\")"
+        seed_line = "from fastgen.pipelines.pdd_blocks import PDDBlockWeights\n" + seed_line
     return f"""---
 library_name: diffusers
 pipeline_tag: {_PIPELINE_TAG.get(info["family"], "text-to-image")}
@@ -94,6 +100,8 @@ def export_diffusers(src: str, out: str, only: str | None = None, weights: str |
     from fastgen.configs.config_utils import config_to_yaml
     from fastgen.networks.codecs import codec_family, quiet_libraries
     from fastgen.networks.diffusers_nets import DiffusersBackbone
+    from fastgen.networks.heads import head_spec
+    from fastgen.pipelines.pdd_blocks import BLOCKS_FILE, base_projection, fused_blocks, write_blocks
     from fastgen.pipelines.schedulers import diffusers_sampling, plan_of
     from fastgen.utils.lora_utils import is_adapted, merge_lora
 
@@ -122,6 +130,10 @@ def export_diffusers(src: str, out: str, only: str | None = None, weights: str |
         raise UsageError(f"--to diffusers exports diffusers-backed networks; this run's {which} is "
                          f"{type(backbone).__name__}")
     plan = plan_of(model, which, steps, guidance)
+    pdd = which != "teacher" and getattr(model, "student_sampler", None) == "pdd"
+    if pdd and not getattr(net.noise_scheduler, "native_pred_type", "") == "flow":
+        raise UsageError("a PDD student exports to a rectified-flow pipeline (Flux, Wan, Qwen-Image): its blocks are "
+                         "flow-matching Euler steps, which this family's scheduler does not take")
     sampling = diffusers_sampling(family, plan, net)
     if is_adapted(net):
         merge_lora(net)
@@ -136,16 +148,27 @@ def export_diffusers(src: str, out: str, only: str | None = None, weights: str |
         "times": list(plan.times), "scheduler": type(sampling.scheduler).__name__, "call": sampling.call,
         "global_seed": sampling.global_seed, "command": command,
     }
+    blocks = model.sampling_blocks(steps) if pdd else []
+    if pdd:
+        info["pdd"] = {"blocks": blocks, "grid": [float(t) for t in model.grid],
+                       "callback_on_step_end": "fastgen.pipelines.pdd_blocks.PDDBlockWeights(OUT)"}
     with staged_folder(target) as staging:
         staging.mkdir()
         for entry in sorted(folder_path.iterdir()):
-            if entry.name in (subfolder, "scheduler", "model_index.json", "README.md", EXPORT_FILE):
+            if entry.name in (subfolder, "scheduler", "model_index.json", "README.md", EXPORT_FILE, BLOCKS_FILE):
                 continue
             if entry.name.startswith("."):
                 continue
             _link_or_copy(entry, staging / entry.name)
         with quiet_libraries():  # diffusers' own progress bars stay out of fastgen's output
-            backbone.model.save_pretrained(staging / subfolder, safe_serialization=True)
+            if pdd:  # block 0 in the network itself, every block's projection beside it (pdd_blocks)
+                fused = fused_blocks(net, model.grid, blocks)
+                with base_projection(net, fused[0]):
+                    backbone.model.save_pretrained(staging / subfolder, safe_serialization=True)
+                write_blocks(staging / BLOCKS_FILE, fused, subfolder, head_spec(net).path.removeprefix("model."),
+                             blocks, list(plan.times))
+            else:
+                backbone.model.save_pretrained(staging / subfolder, safe_serialization=True)
             sampling.scheduler.save_pretrained(staging / "scheduler")
         index["scheduler"] = ["diffusers", type(sampling.scheduler).__name__]
         (staging / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")

@@ -6,8 +6,10 @@ generator, in the latents' layout ``(C, H, W)`` (SD, Flux before packing) or ``(
 students then re-noise between steps (``x0``, then fresh noise at the next time): the scheduler draws that noise,
 
 * SD (``StableDiffusionPipeline`` hands its generator to the scheduler): per prompt from its generator again;
-* Flux and Wan (their pipelines call ``scheduler.step`` without the generator): from **torch's global generator**,
-  one draw for the whole batch, in the layout the scheduler sees - Flux's packed ``(B, H/2 * W/2, 4 C)`` tokens.
+* Flux, Wan and Qwen-Image (their pipelines call ``scheduler.step`` without the generator): from **torch's global
+  generator**, one draw for the whole batch, in the layout the scheduler sees - Flux's and Qwen-Image's packed
+  ``(B, H/2 * W/2, 4 C)`` tokens. (Qwen-Image's ``prepare_latents`` draws ``(1, C, H, W)`` per prompt - a frame
+  axis of one in front - which is the same numbers as ``(C, H, W)``.)
   ``global_seed`` stands in for ``torch.manual_seed(global_seed)`` before the pipeline call.
 """
 
@@ -20,7 +22,9 @@ import torch
 from fastgen.networks.diffusers_nets import pack_flux_latents, unpack_flux_latents
 
 # families whose pipelines pass their generator to the scheduler's step (else the step draws from the global one)
-STEP_TAKES_GENERATOR = {"sd": True, "sdxl": True, "flux": False, "wan": False}
+STEP_TAKES_GENERATOR = {"sd": True, "sdxl": True, "flux": False, "wan": False, "qwenimage": False}
+# families whose schedulers step packed 2x2-patch tokens (the global draw is made in that layout)
+PACKED_LATENTS = ("flux", "qwenimage")
 
 
 def seeded(seeds: Sequence[int]) -> list[torch.Generator]:
@@ -52,7 +56,7 @@ class PipelineNoise:
     def randn_like(self, x: torch.Tensor) -> torch.Tensor:
         if STEP_TAKES_GENERATOR[self.family]:
             noise = self._per_sample(x.shape[1:])
-        elif self.family == "flux":
+        elif self.family in PACKED_LATENTS:
             packed = torch.randn(pack_flux_latents(x).shape, generator=self._global, device="cpu", dtype=self.dtype)
             noise = unpack_flux_latents(packed, x.shape[-2], x.shape[-1])
         else:

@@ -5,7 +5,8 @@ latents and any re-noising are drawn as the pipeline draws them (``fastgen.pipel
 ``torch.Generator().manual_seed(seeds[i])``); the network samples with its own rule - a distilled student with its
 method's ``generate`` (the sampler it was trained with), a teacher or a fine-tuned model with the DDIM ODE over its
 grid and classifier-free guidance against the negative prompt's embedding (``u + s (c - u)``, Ho & Salimans 2022,
-Eq. 6) - and the codec decodes. Pixels become 8-bit exactly as diffusers' image processor makes them
+Eq. 6; Qwen-Image's rescaled to the conditional velocity's norm, as its pipeline's ``true_cfg_scale``) - and the
+codec decodes. Pixels become 8-bit exactly as diffusers' image processor makes them
 (``round(255 clamp(x / 2 + 1/2, 0, 1))``), so an exported pipeline reproduces the files bit for bit up to
 floating-point order.
 """
@@ -36,19 +37,27 @@ def to_uint8(pixels: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def ode_sample(net: nn.Module, noise: torch.Tensor, condition: torch.Tensor, uncondition: torch.Tensor | None,
                plan: SamplingPlan) -> torch.Tensor:
-    """The DDIM ODE over ``plan.times`` from ``noise`` with guidance ``plan.guidance`` on the denoised estimate
-    (linear in the prediction, so the same as guiding the noise or the velocity, as the pipelines do)."""
+    """The DDIM ODE over ``plan.times`` from ``noise`` with guidance ``plan.guidance``: on the denoised estimate
+    when it is linear (then the same as guiding the noise or the velocity, as the pipelines do), else on the
+    native prediction by the backbone's own rule (``DiffusersBackbone.guide``; Qwen-Image's norm rescale of the
+    velocity), converted to the denoised estimate after."""
     schedule = net.noise_scheduler
+    backbone = getattr(net, "backbone", None)
+    native = not getattr(backbone, "linear_guidance", True)
     x = noise
     x0 = x
     guided = plan.guidance != 1.0 and uncondition is not None
     for i, t in enumerate(plan.times):
         t_vec = torch.full((x.shape[0],), t, device=x.device, dtype=x.dtype)
         if guided:
+            kind = net.native_pred_type if native else "x0"
             both = net(torch.cat([x, x]), torch.cat([t_vec, t_vec]), condition=torch.cat([condition, uncondition]),
-                       fwd_pred_type="x0")
+                       fwd_pred_type=kind)
             c, u = both.chunk(2)
-            x0 = u + plan.guidance * (c - u)
+            if native:
+                x0 = schedule.convert(backbone.guide(c, u, plan.guidance), x, t_vec, kind, "x0")
+            else:
+                x0 = u + plan.guidance * (c - u)
         else:
             x0 = net(x, t_vec, condition=condition, fwd_pred_type="x0")
         if i + 1 < len(plan.times):
@@ -69,6 +78,9 @@ class PromptSampler:
             raise UsageError("--guidance: a distilled student samples without classifier-free guidance (its "
                              "teacher's guidance is baked in); guidance is for --teacher")
         self.plan = None if self.student else plan_of(model, which, steps, guidance)
+        # a student whose step count is a sampling choice (PDD's blocks) takes --steps; the others sample as trained
+        options = getattr(model, "sampling_options", None) if self.student else None
+        self.student_options: dict[str, Any] = options(steps) if options is not None else {}
         self.dtype = next(net.parameters()).dtype
         self.device = next(net.parameters()).device
 
@@ -93,7 +105,7 @@ class PromptSampler:
         try:
             with self.model.inference_autocast():
                 if self.student:
-                    out = self.model.generate(self.net, x_t, condition, generator=noise)
+                    out = self.model.generate(self.net, x_t, condition, generator=noise, **self.student_options)
                 else:
                     assert self.plan is not None
                     uncondition = (self.uncondition(len(prompts)) if self.plan.guidance != 1.0 else None)

@@ -20,7 +20,12 @@ flux       ``FlowMatchEulerDiscreteScheduler(stochastic_sampling)``,   the same 
            ``sigmas`` = the times, no shift
 wan        as flux; ``WanPipeline`` takes no ``sigmas``: the grid      as renoise
            comes from ``num_inference_steps`` and ``shift_terminal``
+qwenimage  as flux (``sigmas``: the times, no dynamic shift)           as renoise; guidance is the pipeline's
+                                                                       ``true_cfg_scale`` against ``""``
 =========  ==========================================================  ============================================
+
+The exported schedulers never shift: fastgen's times already are the shifted ones (Qwen-Image's network samples
+its pipeline's dynamic shift for its latent size and its ``shift_terminal``, ``qwenimage_transformer``).
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ def plan_of(model: Any, which: str, steps: int | None = None, guidance: float | 
     ``steps``-step grid (default ``model.sample_steps``; on a discrete schedule, each time moved to its nearest
     trained step) with ``guidance`` (default the run's ``guidance_scale``)."""
     sampler = getattr(model, "student_sampler", None)
+    if which != "teacher" and sampler == "pdd":  # fused blocks: an Euler step per block (fastgen.pipelines.pdd_blocks)
+        return SamplingPlan("ode", tuple(model.block_times(model.sampling_blocks(steps))))
     if which != "teacher" and sampler is not None:
         if sampler not in SAMPLERS:
             raise UsageError(f"{type(model).__name__} samples with its own rule ({sampler}); no diffusers scheduler "
@@ -131,6 +138,15 @@ def _flow(plan: SamplingPlan, schedule: Any, family: str, backbone: Any) -> Diff
         call["guidance_scale"] = float(getattr(backbone, "guidance", 3.5))  # the embedded guidance it was run with
         if plan.guidance != 1.0:
             call.update(true_cfg_scale=plan.guidance, negative_prompt="")  # Flux guides only given a negative prompt
+    elif family == "qwenimage":
+        call["sigmas"] = list(plan.times)
+        # QwenImagePipeline guides (its norm-rescaled true CFG) only above 1 and given a negative prompt; 1 is
+        # passed so that its default of 4 does not warn
+        if plan.guidance < 1.0:
+            raise UsageError(f"guidance {plan.guidance}: QwenImagePipeline applies true_cfg_scale only above 1")
+        call["true_cfg_scale"] = plan.guidance
+        if plan.guidance != 1.0:
+            call["negative_prompt"] = ""
     else:
         config["shift_terminal"] = plan.times[-1] if n > 1 else None
         call["guidance_scale"] = plan.guidance
@@ -155,7 +171,7 @@ def diffusers_sampling(family: str, plan: SamplingPlan, net: Any) -> DiffusersSa
                          "from unit noise at any first step, fastgen from pure noise at that time's level")
     if family in ("sd", "sdxl"):
         return _sd(plan, schedule)
-    if family in ("flux", "wan"):
+    if family in ("flux", "wan", "qwenimage"):
         return _flow(plan, schedule, family, backbone)
     raise UsageError(f"no diffusers export for the family {family!r}")
 

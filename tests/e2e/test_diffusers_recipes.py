@@ -1,6 +1,6 @@
-"""The recipes for real diffusers-backed models (``SD/`` 1.5 and XL, ``Flux/``, ``Wan/``): without their weights folder
-``fastgen train`` is one line naming ``model.pretrained_model_path`` (exit 2, no run directory); with it but
-without the encoded prompts, one line naming that file. (Loading, validation, dry runs and config.yaml
+"""The recipes for real diffusers-backed models (``SD/`` 1.5 and XL, ``Flux/``, ``Wan/``, ``QwenImage/``): without
+their weights folder ``fastgen train`` is one line naming ``model.pretrained_model_path`` (exit 2, no run
+directory); with it but without the encoded prompts, one line naming that file. (Loading, validation, dry runs and config.yaml
 round-trips of every recipe: tests/configs/test_recipes.py; the networks themselves, trained on digits from
 tiny configs: tests/networks/test_diffusers_nets.py.)"""
 
@@ -12,7 +12,8 @@ import pytest
 from fastgen_testing import run_cli
 
 RECIPES = {"SD/config_dmd2_sd15": "sd15", "SD/config_dmd2_sdxl": "sdxl", "SD/config_sft_sdxl": "sdxl",
-           "Flux/config_dmd2_flux": "flux1_dev", "Wan/config_dmd2_wan": "wan21_t2v_1_3b"}
+           "Flux/config_dmd2_flux": "flux1_dev", "Wan/config_dmd2_wan": "wan21_t2v_1_3b",
+           "QwenImage/config_dmd2_qwenimage": "qwen_image", "QwenImage/config_sft_qwenimage": "qwen_image"}
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -51,7 +52,8 @@ def create_config():
     return config
 '''
 # family: (network builder, its tiny config, the pipeline folder's subfolder)
-TINY_FAMILIES = {"flux": ("flux_transformer", "TINY_FLUX", "transformer"), "sdxl": ("sdxl_unet", "TINY_SDXL_UNET", "unet")}
+TINY_FAMILIES = {"flux": ("flux_transformer", "TINY_FLUX", "transformer"), "sdxl": ("sdxl_unet", "TINY_SDXL_UNET", "unet"),
+                 "qwenimage": ("qwenimage_transformer", "TINY_QWEN_IMAGE", "transformer")}
 
 
 @pytest.mark.slow

@@ -188,7 +188,7 @@ RECIPES = {
     "tcm_stage1": ("tcm", {}), "tcm_stage2": ("tcm", {"tcm_stage": 2, "boundary_prob": 0.5}),
     "meanflow": ("meanflow", {}), "kd_two_step": ("kd", {"t_list": [80.0, 1.0], "kd_teacher_steps": 4}),
     "ladd": ("ladd", {"student_update_freq": 2}), "sid": ("sid", {"student_update_freq": 2, "t_list": [80.0, 1.0]}),
-    "dmd2": ("dmd2", {"student_update_freq": 2}),
+    "dmd2": ("dmd2", {"student_update_freq": 2}), "pdd": ("pdd", {}),
 }
 
 

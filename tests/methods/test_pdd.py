@@ -170,3 +170,49 @@ def test_the_recipe_trains_and_samples_with_any_step_count(tmp_path: Path, monke
                                  "-o", str(out)], capture_output=True, text=True, timeout=300)
         assert sample.returncode == 0, sample.stderr[-3000:]
         assert out.is_file()
+
+
+@pytest.mark.parametrize("family", ["sd", "sdxl", "flux", "wan", "qwenimage"])
+def test_diffusers_backbones_widen_in_their_layout(family: str) -> None:
+    """The diffusers-backed networks (tiny random configs of the real classes): widened into 3 heads, every head
+    equals the network; changing head 1's rows of the projection changes head 1's prediction only - the layout
+    (channel major for a convolution or Flux's / Qwen-Image's packed tokens, patch major for Wan) puts each head's rows where
+    the code after the projection reads that head's channels."""
+    from fastgen.configs.net_diffusers import (
+        TINY_FLUX,
+        TINY_QWEN_IMAGE,
+        TINY_SD_UNET,
+        TINY_SDXL_UNET,
+        TINY_WAN,
+        flux_transformer,
+        qwenimage_transformer,
+        sd_unet,
+        sdxl_unet,
+        wan_transformer,
+    )
+    from fastgen.networks.heads import widen_output
+
+    build = {"sd": lambda: sd_unet(TINY_SD_UNET, num_prompts=4),
+             "sdxl": lambda: sdxl_unet(TINY_SDXL_UNET, vae_scale_factor=2, num_prompts=4),
+             "flux": lambda: flux_transformer(TINY_FLUX, num_prompts=4),
+             "wan": lambda: wan_transformer(TINY_WAN, num_prompts=4),
+             "qwenimage": lambda: qwenimage_transformer(TINY_QWEN_IMAGE, num_prompts=4, image_seq_len=16)}[family]
+    torch.manual_seed(0)
+    net = instantiate(build())
+    x, t, y = torch.randn(2, 1, 8, 8), torch.tensor([0.7, 0.3]), torch.tensor([0, 3])
+    with torch.no_grad():
+        projection = net.get_submodule("backbone." + net.backbone.head_projection().path)
+        projection.weight.normal_(0, 0.1)  # diffusers zero-initialises some output layers
+        base = net(x, t, condition=y)
+        widened = widen_output(net, 3, torch.linspace(1, 0, 4))
+        heads = net(x, t, condition=y)
+        assert heads.shape == (2, 3, 1, 8, 8)
+        for h in range(3):
+            torch.testing.assert_close(heads[:, h], base, rtol=1e-4, atol=1e-5)
+        by_head = widened.by_head(widened.weight.detach()).clone()
+        by_head[1] += torch.randn_like(by_head[1])
+        widened.weight.copy_(widened.from_heads(by_head))
+        changed = net(x, t, condition=y)
+    torch.testing.assert_close(changed[:, 0], base, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(changed[:, 2], base, rtol=1e-4, atol=1e-5)
+    assert float((changed[:, 1] - base).abs().max()) > 1e-3

@@ -1,4 +1,4 @@
-"""Codecs against diffusers itself (issue 34, point 1): for SD 1.5, Flux and Wan, a tiny random pipeline of the real
+"""Codecs against diffusers itself (issue 34, point 1): for SD 1.5, SDXL, Flux, Wan and Qwen-Image, a tiny random pipeline of the real
 diffusers / transformers classes (tokenizers built here from vocabularies, no downloads) is saved as a folder;
 ``load_codec`` reads it back, and its prompt embeddings equal the pipeline's ``encode_prompt``, its latents the
 pipeline's normalisation of ``vae.encode``, and its decoding of the pipeline's own final latents the image (or video)
@@ -19,7 +19,15 @@ from diffusers import (
     WanPipeline,
     WanTransformer3DModel,
 )
-from tiny_pipelines import clip_encoder, clip_tokenizer, t5_tokenizer, tiny_sd_pipeline, tiny_sdxl_pipeline, tiny_vae
+from tiny_pipelines import (
+    clip_encoder,
+    clip_tokenizer,
+    t5_tokenizer,
+    tiny_qwenimage_pipeline,
+    tiny_sd_pipeline,
+    tiny_sdxl_pipeline,
+    tiny_vae,
+)
 from transformers import (
     T5Config,
     T5EncoderModel,
@@ -27,8 +35,8 @@ from transformers import (
     UMT5EncoderModel,
 )
 
-from fastgen.configs.net_diffusers import TINY_FLUX, TINY_SDXL_UNET, TINY_WAN
-from fastgen.networks.codecs import FluxCodec, SDCodec, SDXLCodec, WanCodec, load_codec
+from fastgen.configs.net_diffusers import TINY_FLUX, TINY_QWEN_IMAGE, TINY_SDXL_UNET, TINY_WAN
+from fastgen.networks.codecs import FluxCodec, QwenImageCodec, SDCodec, SDXLCodec, WanCodec, load_codec
 
 PROMPTS = ["a red cat", "two dogs on a hill at night"]
 
@@ -171,6 +179,55 @@ def test_wan(tmp_path: Path) -> None:
     frames = pipe(**call, output_type="pt", generator=torch.Generator().manual_seed(3)).frames  # (B, F, C, H, W)
     ours = (codec.decode_latents(latents) / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4)
     torch.testing.assert_close(ours, frames, atol=1e-5, rtol=0)
+
+
+def test_qwenimage(tmp_path: Path) -> None:
+    """Qwen2.5-VL's last states of the templated prompt, the template's first 34 tokens dropped, each prompt's own
+    tokens (``_get_qwen_prompt_embeds``): equal to ``encode_prompt`` over its batch-longest padding, zeros after it,
+    the mask the same; the negative prompt "" as the pipeline encodes it; the 5-D VAE's mode normalised per
+    channel as the Qwen-Image pipelines do, an image one frame; decoding the pipeline's final latents gives its
+    image."""
+    from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
+
+    torch.manual_seed(0)
+    z = 4
+    transformer = QwenImageTransformer2DModel(**{**TINY_QWEN_IMAGE, "in_channels": 4 * z, "out_channels": z})
+    pipe, folder = saved(tiny_qwenimage_pipeline(transformer, latent_channels=z), tmp_path / "qwenimage")
+    assert isinstance(pipe, QwenImagePipeline)
+    codec = load_codec(folder, max_sequence_length=160)
+    assert isinstance(codec, QwenImageCodec) and not any(p.requires_grad for p in codec.parameters())
+
+    with torch.no_grad():
+        text, mask = pipe.encode_prompt(PROMPTS, device="cpu")
+        negative, negative_mask = pipe.encode_prompt([""], device="cpu")
+    encoded = codec.encode_prompts(PROMPTS)
+    length = text.shape[1]
+    assert encoded["text"].shape == (2, 160, 16) and length < 160 and mask is not None and not mask.all()
+    assert torch.equal(encoded["text"][:, :length], text) and not encoded["text"][:, length:].any()
+    assert torch.equal(encoded["text_mask"][:, :length], mask) and not encoded["text_mask"][:, length:].any()
+    assert torch.equal(codec.condition(encoded), encoded["text"])
+    assert torch.equal(encoded["text"].ne(0).any(-1).long(), encoded["text_mask"])  # what the network reads back
+    empty = codec.encode_negative([""])
+    assert negative_mask is None  # one prompt: no padding, the pipeline passes no mask
+    assert torch.equal(empty["text"][:, : negative.shape[1]], negative) and empty["text_mask"].sum() == negative.shape[1]
+    short = QwenImageCodec(codec.vae, max_sequence_length=100, **codec.tokenizers, **codec.encoders)
+    assert torch.equal(short.encode_prompts(PROMPTS)["text"], text[:, :100])  # __call__'s max_sequence_length cut
+
+    x = pixels(2, 3, 16, 16)
+    with torch.no_grad():
+        raw = pipe.vae.encode(x.unsqueeze(2)).latent_dist.mode()
+    mean = torch.tensor(pipe.vae.config.latents_mean).view(1, z, 1, 1, 1)
+    std = torch.tensor(pipe.vae.config.latents_std).view(1, z, 1, 1, 1)
+    assert torch.equal(codec.encode_images(x), ((raw - mean) * (1.0 / std))[:, :, 0])  # _encode_vae_image's z
+    torch.testing.assert_close(codec.encode_images(x), ((raw - mean) / std)[:, :, 0], atol=1e-6, rtol=1e-6)
+
+    call = {"prompt": PROMPTS[:1], "num_inference_steps": 2, "height": 16, "width": 16}
+    packed = pipe(**call, output_type="latent", generator=torch.Generator().manual_seed(3)).images
+    image = pipe(**call, output_type="pt", generator=torch.Generator().manual_seed(3)).images
+    latents = pipe._unpack_latents(packed, 16, 16, pipe.vae_scale_factor)[:, :, 0]  # (B, C, 1, h, w) -> one frame
+    ours = (codec.decode_latents(latents) / 2 + 0.5).clamp(0, 1)
+    assert ours.shape == image.shape == (1, 3, 16, 16)
+    torch.testing.assert_close(ours, image, atol=1e-6, rtol=0)
 
 
 def test_a_folder_that_is_not_a_pipeline_is_one_line(tmp_path: Path) -> None:

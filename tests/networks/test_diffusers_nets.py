@@ -1,4 +1,4 @@
-"""diffusers-backed networks (``fastgen.networks.diffusers_nets``): SD-style U-Net, Flux- and Wan-style
+"""diffusers-backed networks (``fastgen.networks.diffusers_nets``): SD-style U-Net, Flux-, Wan- and Qwen-Image-style
 transformers built from tiny random configs (no weight downloads), in the network contract; SD's discrete VP
 schedule against diffusers' own; weights from ``model.pretrained_model_path``; SFT and DMD2 on digits."""
 
@@ -13,10 +13,12 @@ from omegaconf import DictConfig
 from fastgen.configs.instantiate import instantiate
 from fastgen.configs.net_diffusers import (
     TINY_FLUX,
+    TINY_QWEN_IMAGE,
     TINY_SD_UNET,
     TINY_SDXL_UNET,
     TINY_WAN,
     flux_transformer,
+    qwenimage_transformer,
     sd_unet,
     sdxl_unet,
     wan_transformer,
@@ -29,6 +31,7 @@ FAMILIES = {
     "sdxl": lambda **kw: sdxl_unet(TINY_SDXL_UNET, vae_scale_factor=2, **kw),
     "flux": lambda **kw: flux_transformer(TINY_FLUX, **kw),
     "wan": lambda **kw: wan_transformer(TINY_WAN, **kw),
+    "qwenimage": lambda **kw: qwenimage_transformer(TINY_QWEN_IMAGE, **{"image_seq_len": 16, **kw}),
 }
 
 
@@ -93,6 +96,12 @@ def test_it_is_the_wrapped_diffusers_model_called_as_its_pipeline_calls_it(famil
             tokens = model(hidden_states=packed, encoder_hidden_states=text[:, 1:], pooled_projections=text[:, 0, :8],
                            timestep=t, img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(3, 3)).sample
             want = tokens.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+        elif family == "qwenimage":  # the pipeline's call: packed latents, img_shapes, t (timestep / 1000), no mask
+            b, c, h, w = x.shape
+            packed = x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
+            tokens = model(hidden_states=packed, encoder_hidden_states=text, timestep=t,
+                           img_shapes=[[(1, h // 2, w // 2)]] * b).sample
+            want = tokens.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
         else:
             want = model(x.unsqueeze(2), t * 1000, text).sample.squeeze(2)
         got = net(x, t, condition=y)
@@ -115,6 +124,84 @@ def test_sdxl_zero_time_ids_are_the_sampled_size_uncropped() -> None:
         explicit = net(x, t, condition=pack_sdxl_condition(tokens, pooled, default))
         other = net(x, t, condition=pack_sdxl_condition(tokens, pooled, torch.tensor([[64.0, 32, 8, 0, 16, 16]] * 4)))
     assert torch.equal(unset, explicit) and not torch.allclose(unset, other, atol=1e-5)
+
+
+def test_qwenimage_zero_rows_are_the_text_mask_and_a_meta_build_runs() -> None:
+    """Qwen-Image's condition carries its mask: zero rows are padding, masked out of the joint attention - the
+    output of a prompt padded further with zero rows, or left unpadded with ``encoder_hidden_states_mask`` as the
+    pipeline passes it, is the same; a nonzero row in the padding changes it. A meta-device build (``to_empty``,
+    then weights loaded) rebuilds the rotary tables diffusers keeps outside the state dict and gives the same
+    output."""
+    net = _net("qwenimage")
+    x, t, _ = _inputs(2)
+    tokens = torch.randn(2, 5, 16)
+    tokens[0, 3:] = 0  # prompt 0 has 3 tokens, prompt 1 has 5
+    padded = torch.cat([tokens, torch.zeros(2, 4, 16)], dim=1)
+    model = net.backbone.model
+    with torch.no_grad():
+        out = net(x, t, condition=tokens)
+        longer = net(x, t, condition=padded)
+        b, c, h, w = x.shape
+        packed = x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
+        mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+        theirs = model(hidden_states=packed, encoder_hidden_states=tokens, encoder_hidden_states_mask=mask, timestep=t,
+                       img_shapes=[[(1, h // 2, w // 2)]] * b).sample
+        theirs = theirs.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+        noisy = padded.clone()
+        noisy[0, 4] = 0.5
+        other = net(x, t, condition=noisy)
+    assert torch.allclose(out, longer, atol=1e-5) and torch.allclose(out, theirs, atol=1e-5)
+    assert not torch.allclose(other[0], out[0], atol=1e-4) and torch.allclose(other[1], out[1], atol=1e-5)
+
+    with torch.device("meta"):
+        meta = instantiate(FAMILIES["qwenimage"]())
+    meta.to_empty(device="cpu")
+    meta.load_state_dict(net.state_dict())
+    with torch.no_grad():
+        assert torch.equal(meta(x, t, condition=tokens), out)
+
+
+def test_qwenimage_guidance_is_the_pipelines_norm_rescaled_true_cfg() -> None:
+    """``guide`` is ``QwenImagePipeline``'s ``true_cfg_scale`` step on its packed velocities: ``u + s (c - u)``
+    rescaled so that each token (one 2x2 patch, all channels) has the conditional velocity's norm; the other
+    families' guidance is the linear one."""
+    net = _net("qwenimage")
+    g = torch.Generator().manual_seed(4)
+    cond, uncond = torch.randn(2, 3, 8, 8, generator=g), torch.randn(2, 3, 8, 8, generator=g)
+    guided = net.backbone.guide(cond, uncond, 4.0)
+
+    def packed(v: torch.Tensor) -> torch.Tensor:  # the pipeline's _pack_latents layout (B, H/2 * W/2, 4 C)
+        return v.view(2, 3, 4, 2, 4, 2).permute(0, 2, 4, 1, 3, 5).reshape(2, 16, 12)
+
+    combined = packed(uncond) + 4.0 * (packed(cond) - packed(uncond))
+    want = combined * (torch.norm(packed(cond), dim=-1, keepdim=True) / torch.norm(combined, dim=-1, keepdim=True))
+    assert torch.allclose(packed(guided), want, atol=1e-6)
+    assert torch.allclose(packed(guided).norm(dim=-1), packed(cond).norm(dim=-1), atol=1e-5)
+    assert not net.backbone.linear_guidance and _net("flux").backbone.linear_guidance
+    assert torch.equal(_net("flux").backbone.guide(cond, uncond, 4.0), uncond + 4.0 * (cond - uncond))
+
+
+@pytest.mark.parametrize("image_seq_len", [16, 1024, 4096])
+def test_qwenimage_schedule_samples_at_its_pipelines_times(image_seq_len: int) -> None:
+    """The network's sampling grid is what ``QwenImagePipeline`` gives its scheduler (Qwen-Image's config: dynamic
+    exponential shift, shift_terminal 0.02) for latents of ``image_seq_len`` packed tokens: ``sigmas =
+    linspace(1, 1/N, N)`` and ``mu = calculate_shift(image_seq_len, ...)``, then 0."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+    from fastgen.configs.net_diffusers import QWEN_IMAGE_SCHEDULER
+
+    schedule = _net("qwenimage", image_seq_len=image_seq_len).noise_scheduler
+    scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER, use_dynamic_shifting=True,
+                                                time_shift_type="exponential")
+    config = scheduler.config
+    mu = calculate_shift(image_seq_len, config.base_image_seq_len, config.max_image_seq_len, config.base_shift,
+                         config.max_shift)
+    for steps in (2, 3, 8, 50):
+        scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+        torch.testing.assert_close(schedule.sampling_times(steps), scheduler.sigmas, atol=1e-6, rtol=0)
+    assert schedule.sampling_times(1).tolist() == [1.0, 0.0]  # one step: nothing to stretch
 
 
 def test_flux_condition_packs_the_pooled_vector_in_row_zero() -> None:

@@ -1,4 +1,5 @@
-"""From captions to a pipeline diffusers runs (issue 34, points 4 and 5), per family (SD 1.5, Flux, Wan), on tiny
+"""From captions to a pipeline diffusers runs (issue 34, points 4 and 5), per family (SD 1.5, SDXL, Flux, Wan,
+Qwen-Image), on tiny
 random pipelines of the real classes: 8 captioned images -> ``fastgen encode-data`` -> 2 DMD2 iterations of a
 2-step student (the real Trainer, reading the shards) -> ``fastgen sample --prompt`` -> ``fastgen convert-ckpt
 --to diffusers`` -> ``DiffusionPipeline.from_pretrained`` renders the files ``fastgen sample`` wrote. diffusers'
@@ -20,10 +21,12 @@ from tiny_pipelines import tiny_family_pipeline
 
 from fastgen.configs.net_diffusers import (
     TINY_FLUX,
+    TINY_QWEN_IMAGE,
     TINY_SD_UNET,
     TINY_SDXL_UNET,
     TINY_WAN,
     flux_transformer,
+    qwenimage_transformer,
     sd_unet,
     sdxl_unet,
     wan_transformer,
@@ -32,12 +35,14 @@ from fastgen.configs.net_diffusers import (
 CAPTIONS = ["a red cat", "a blue dog", "two birds", "a green frog", "the sea", "a tall tree", "one fish", "a cloud"]
 PROMPTS = ["a red cat", "two dogs at night"]
 NETS = {"sd": (sd_unet, TINY_SD_UNET), "sdxl": (sdxl_unet, TINY_SDXL_UNET), "flux": (flux_transformer, TINY_FLUX),
-        "wan": (wan_transformer, TINY_WAN)}
+        "wan": (wan_transformer, TINY_WAN), "qwenimage": (qwenimage_transformer, TINY_QWEN_IMAGE)}
 # the pipelines' own sizes for 8x8 latents: Wan's pipeline divides by the VAE config's 8, the others by 2 (tiny VAEs)
-PIXELS = {"sd": 16, "sdxl": 16, "flux": 16, "wan": 64}
+PIXELS = {"sd": 16, "sdxl": 16, "flux": 16, "wan": 64, "qwenimage": 16}
 # what a family's network is told beyond its architecture: Wan unshifted (see train_config), SDXL the tiny VAE's
-# scale (its default time ids are the sampled size in pixels)
-NET_OPTIONS: dict[str, dict[str, Any]] = {"wan": {"shift": 1.0}, "sdxl": {"vae_scale_factor": 2}}
+# scale (its default time ids are the sampled size in pixels), Qwen-Image the token count of 8x8 latents (its
+# pipeline's dynamic shift for that size)
+NET_OPTIONS: dict[str, dict[str, Any]] = {"wan": {"shift": 1.0}, "sdxl": {"vae_scale_factor": 2},
+                                          "qwenimage": {"image_seq_len": 16}}
 
 
 def captioned_images(folder: Path) -> Path:
@@ -79,7 +84,7 @@ def train_config(family: str, weights: Path, shards: Path, latent_shape: list[in
     return config
 
 
-@pytest.fixture(scope="module", params=["sd", "sdxl", "flux", "wan"])
+@pytest.fixture(scope="module", params=["sd", "sdxl", "flux", "wan", "qwenimage"])
 def family_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A tiny pipeline folder of the family, its encoded shards and a 2-iteration DMD2 run trained on them."""
     from fastgen.configs.instantiate import instantiate
@@ -89,7 +94,7 @@ def family_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     root = tmp_path_factory.mktemp(family)
     torch.manual_seed(0)
     build, tiny = NETS[family]
-    network = instantiate(build(tiny)).backbone.model
+    network = instantiate(build(tiny, **NET_OPTIONS.get(family, {}))).backbone.model
     weights = root / "pipeline"
     tiny_family_pipeline(family, network).save_pretrained(weights)
     shards = root / "shards"
@@ -111,6 +116,15 @@ def family_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         time_ids = np.load(io.BytesIO(members["000000000.time_ids.npy"]))
         text = np.load(io.BytesIO(members["000000000.text.npy"]))
         assert time_ids.tolist() == [16, 16, 0, 0, 16, 16] and text[0, 8:14].tolist() == time_ids.tolist()
+    if family == "qwenimage":  # each caption's own tokens, zero-padded to 512; the mask is the nonzero rows
+        import io
+        import tarfile
+
+        with tarfile.open(shards / "shard-000000.tar") as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+        text = np.load(io.BytesIO(members["000000000.text.npy"]))
+        mask = np.load(io.BytesIO(members["000000000.text_mask.npy"]))
+        assert text.shape == (512, 16) and 0 < mask.sum() < 512 and (np.abs(text).sum(-1) > 0).tolist() == mask.astype(bool).tolist()
     index = json.loads((shards / "index.json").read_text())
     expected = [1, 1, 8, 8] if family == "wan" else [1, 8, 8]  # Wan's codec gives images one frame
     assert index["latent_shape"] == expected
@@ -166,7 +180,7 @@ def test_captions_to_a_pipeline_diffusers_runs(family_run: dict[str, Any], tmp_p
     assert exported.returncode == 0, exported.stderr[-2000:]
     info = json.loads((export / "fastgen_export.json").read_text())
     assert info["family"] == family and info["network"] == "ema" and info["times"] == [1.0, 0.5]
-    assert info["global_seed"] == (family not in ("sd", "sdxl"))  # Flux / Wan re-noise from torch's global generator
+    assert info["global_seed"] == (family not in ("sd", "sdxl"))  # Flux / Wan / Qwen-Image re-noise from the global one
     card = (export / "README.md").read_text()
     assert "convert-ckpt" in card and "library_name: diffusers" in card and "fastgen_export.json" in card
 
@@ -206,6 +220,51 @@ def test_teacher_ode_sampling_with_guidance_equals_the_pipeline(family_run: dict
     theirs = pipeline_images(tmp_path / "teacher", PROMPTS, [1, 2], info["call"], family, False)
     difference = np.abs(theirs.astype(int) - ours.astype(int))
     assert difference.max() <= 1, difference.max()
+
+
+@pytest.mark.parametrize("family_run", ["qwenimage"], indirect=True)
+def test_qwenimage_teacher_samples_as_its_own_pipeline(family_run: dict[str, Any]) -> None:
+    """The teacher as Qwen-Image's pipeline folder samples it, untouched - its scheduler's dynamic shift for 8x8
+    latents (mu from 16 tokens) and shift_terminal, no sigmas passed; true_cfg_scale 6 against the negative prompt
+    "" with the per-token norm rescale - equals fastgen's teacher ODE with guidance 6 over 4 steps (final latents
+    to 1e-4, images to 1/255); with guidance 1 (none) too. Plain ``u + s (c - u)`` guidance would not."""
+    from diffusers import QwenImagePipeline
+
+    from fastgen.checkpoint.run import load_run, select_net
+    from fastgen.networks.codecs import load_codec
+    from fastgen.networks.diffusers_nets import unpack_flux_latents
+    from fastgen.pipelines.prompts import PromptSampler
+
+    run = load_run(family_run["run"])
+    codec = load_codec(family_run["weights"])
+    teacher = select_net(run, "teacher")
+    pipe = QwenImagePipeline.from_pretrained(family_run["weights"])
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.scheduler.config.use_dynamic_shifting and pipe.scheduler.config.shift_terminal == 0.02
+
+    def theirs(output_type: str, **call: Any) -> Any:
+        generators = [torch.Generator().manual_seed(s) for s in (1, 2)]
+        return pipe(PROMPTS, generator=generators, height=16, width=16, num_inference_steps=4,
+                    output_type=output_type, **call).images
+
+    def ours(guidance: float) -> tuple[torch.Tensor, np.ndarray]:
+        sampler = PromptSampler(run.model, teacher, "teacher", codec, steps=4, guidance=guidance)
+        latents = sampler.latents(PROMPTS, [1, 2], [1, 8, 8])
+        return latents, sampler.pixels(latents).numpy()
+
+    for guidance, call in ((6.0, {"true_cfg_scale": 6.0, "negative_prompt": ""}), (1.0, {"true_cfg_scale": 1.0})):
+        latents, pixels = ours(guidance)
+        expected = unpack_flux_latents(theirs("latent", **call), 8, 8)
+        torch.testing.assert_close(latents, expected, atol=1e-4, rtol=0)
+        images = (theirs("np", **call) * 255).round().astype(int)
+        assert np.abs(images - pixels.astype(int)).max() <= 1, guidance
+    teacher.backbone.linear_guidance = True  # this instance only: plain u + s (c - u)
+    try:
+        linear, _ = ours(6.0)
+    finally:
+        del teacher.backbone.linear_guidance
+    difference = (linear - unpack_flux_latents(theirs("latent", true_cfg_scale=6.0, negative_prompt=""), 8, 8)).abs()
+    assert difference.max() > 1e-2, difference.max()
 
 
 @pytest.mark.parametrize("family_run", ["wan"], indirect=True)

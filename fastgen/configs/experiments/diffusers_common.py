@@ -1,6 +1,6 @@
-"""What the recipes for real diffusers-backed models share (``Flux/``, ``Wan/``, ``SD/``): DMD2 distillation of
-a pretrained text-to-image / text-to-video model into a few-step student, sharded with FSDP2 on a meta-device
-build, in bfloat16 autocast with activation checkpointing.
+"""What the recipes for real diffusers-backed models share (``Flux/``, ``Wan/``, ``SD/``, ``QwenImage/``): DMD2
+distillation of a pretrained text-to-image / text-to-video model into a few-step student, sharded with FSDP2 on a
+meta-device build, in bfloat16 autocast with activation checkpointing.
 
 * **Weights**: ``model.pretrained_model_path`` - the model's diffusers folder (the pipeline folder with its
   ``transformer/`` or ``unet/``, or that subfolder), by default ``$DATA_ROOT_DIR/weights/<name>``. The teacher is
@@ -8,7 +8,8 @@ build, in bfloat16 autocast with activation checkpointing.
   naming the field when training starts (``fastgen dryrun`` needs no weights).
 * **Data**: WebDataset shards of precomputed latents and text embeddings, ``$DATA_ROOT_DIR/<name>_latents``,
   each sample a ``latent.npy`` (the model's VAE latent) and a ``text.npy`` (the text encoder's token embeddings;
-  for Flux, ``pack_flux_condition`` layout). Override with ``- dataloader_train.datatags=[WDS:/path]``.
+  for Flux, ``pack_flux_condition`` layout; for Qwen-Image, zero past each prompt's tokens). Override with
+  ``- dataloader_train.datatags=[WDS:/path]``.
 * **Prompts for labels**: ``num_classes`` prompts pre-encoded into ``$DATA_ROOT_DIR/<name>_prompts.safetensors``,
   one ``(num_classes, tokens, width)`` tensor (``fastgen.networks.diffusers_nets``: a label picks a prompt), for
   ``fastgen sample`` and the null condition of guidance. The W&B callback logs 8 samples decoded by the folder's

@@ -1,0 +1,1 @@
+"""Recipes for diffusers-backed Qwen-Image models (need ``pip install 'fastgen[diffusers]'``)."""
