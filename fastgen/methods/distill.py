@@ -12,7 +12,8 @@ What it adds to ``FastGenModel``:
   methods that can also learn from data alone return False from ``uses_teacher()`` in that mode (consistency
   training, MeanFlow): then ``teacher`` is None and ``teacher_ckpt`` only initialises the student;
 * ``teacher_x0(x_t, t, condition)`` - the teacher's denoised estimate with classifier-free guidance
-  ``D_u + s (D_c - D_u)`` (Ho & Salimans 2022, Eq. 6) when ``config.guidance_scale`` is set;
+  ``D_u + s (D_c - D_u)`` (Ho & Salimans 2022, Eq. 6) when ``config.guidance_scale`` is set (a backbone with its
+  own, non-linear rule - Qwen-Image's norm rescale - guides its native prediction with ``backbone.guide``);
 * ``generate(net, noise, condition)`` - the student's few-step sampler over ``config.t_list`` (default: one step
   from ``t_max``): ``x0 = G(x_{t_i}, t_i)``, then ``x_{t_{i+1}} = alpha(t_{i+1}) x0 + sigma(t_{i+1}) eps`` with
   fresh noise (Song et al. 2023, Algorithm 1, multistep consistency sampling; DMD2's backward simulation,
@@ -161,9 +162,16 @@ class DistillationModel(FastGenModel):
         if scale is None or condition is None or self.num_classes <= 0:
             return self.teacher(x_t, t, condition=condition, fwd_pred_type="x0")
         cond = as_one_hot(condition, self.num_classes).to(x_t.dtype)
+        # a backbone whose guidance is not linear in the prediction (Qwen-Image's norm-rescaled true CFG) guides its
+        # native prediction by its own rule, as its pipeline does; linear guidance is the same on any prediction
+        backbone = getattr(self.teacher, "backbone", None)
+        native = not getattr(backbone, "linear_guidance", True)
+        kind = self.teacher.native_pred_type if native else "x0"
         both = self.teacher(torch.cat([x_t, x_t]), torch.cat([t, t]),
-                            condition=torch.cat([cond, torch.zeros_like(cond)]), fwd_pred_type="x0")
+                            condition=torch.cat([cond, torch.zeros_like(cond)]), fwd_pred_type=kind)
         c, u = both.chunk(2)
+        if native:
+            return self.teacher.noise_scheduler.convert(backbone.guide(c, u, scale), x_t, t, kind, "x0")
         return u + scale * (c - u)
 
     # ---- noise levels -----------------------------------------------------------------------------------------

@@ -95,3 +95,54 @@ def test_two_ranks_distil_a_tiny_model_from_its_weights_folder_sharded_after_a_m
     student = {k.removeprefix("backbone.model."): v for k, v in payload["model"]["net"].items()
                if k.startswith("backbone.model.")}
     assert student.keys() == saved.keys() and any(not torch.equal(student[k], saved[k]) for k in saved)
+
+
+PDD_RECIPE = '''
+from fastgen.configs.experiments.Digits.config_pdd_digits import create_config as pdd_digits
+from fastgen.configs.net_diffusers import TINY_FLUX, flux_transformer
+
+
+def create_config():
+    config = pdd_digits()
+    config.model.net = flux_transformer(TINY_FLUX, num_prompts=10)
+    config.model.teacher_ckpt = None
+    config.model.pretrained_model_path = {folder!r}
+    config.model.grid_size = 4
+    config.model.inference_blocks = [2, 2]
+    config.trainer.callbacks = {{}}
+    config.model.use_ema = False
+    config.dataloader_val = None
+    config.log_config.name = "tiny_pdd_flux"
+    return config
+'''
+
+
+@pytest.mark.slow
+def test_two_ranks_train_a_pdd_student_sharded_after_a_meta_build(output_root: Path, tmp_path: Path) -> None:
+    """PDD on 2 ranks, FSDP2 over the Flux blocks after a meta-device build: the student's ``proj_out`` is widened
+    into 4 heads on every rank (rank 0's real build, teacher weights repeated into each head, broadcast into the
+    shards), the heads train, and the checkpoint holds the widened projection with its grid."""
+    import torch
+    from multirank import fastgen
+
+    from fastgen.checkpoint.checkpointer import load_checkpoint
+    from fastgen.configs import net_diffusers
+    from fastgen.configs.instantiate import instantiate
+
+    torch.manual_seed(3)
+    source = instantiate(net_diffusers.flux_transformer(net_diffusers.TINY_FLUX)).backbone.model
+    source.save_pretrained(tmp_path / "pipeline" / "transformer")
+    recipe = tmp_path / "tiny_pdd_flux.py"
+    recipe.write_text(PDD_RECIPE.format(folder=str(tmp_path / "pipeline")))
+    result = fastgen("train", "--nproc-per-node", "2", "-c", str(recipe), "--eval-samples", "0", "-",
+                     "trainer.fsdp=True", "model.meta_init=True", "trainer.max_iter=3", "trainer.save_ckpt_iter=3",
+                     "dataloader_train.batch_size=8", cwd=tmp_path, env={"WANDB_MODE": "disabled"}, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    payload = load_checkpoint(str(output_root / "fastgen" / "digits" / "tiny_pdd_flux" / "checkpoints" / "0000003.pth"))
+    net = payload["model"]["net"]
+    base = source.proj_out.weight.detach()
+    widened = net["backbone.model.proj_out.weight"]
+    assert widened.shape == (4 * base.shape[0], base.shape[1])
+    torch.testing.assert_close(net["backbone.model.proj_out.grid"], torch.linspace(1, 0, 5, dtype=torch.float64))
+    assert not torch.equal(widened, base.repeat(4, 1))  # the heads trained (they start as four copies)
+    assert float((widened - base.repeat(4, 1)).abs().max()) < 1.0

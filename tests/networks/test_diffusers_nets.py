@@ -181,6 +181,28 @@ def test_qwenimage_guidance_is_the_pipelines_norm_rescaled_true_cfg() -> None:
     assert torch.equal(_net("flux").backbone.guide(cond, uncond, 4.0), uncond + 4.0 * (cond - uncond))
 
 
+def test_a_distillation_guides_a_qwenimage_teacher_as_its_pipeline(tmp_path: Path) -> None:
+    """DMD2's (every distillation's) guided teacher ``teacher_x0`` on a Qwen-Image teacher is the norm-rescaled
+    true CFG of its velocities (``backbone.guide``), converted to the denoised estimate - not ``u + s (c - u)``
+    on the estimate, which the rescale makes a different target."""
+    from fastgen.configs.instantiate import instantiate
+
+    config = _digits_config("dmd2", "qwenimage", tmp_path)
+    config.model.guidance_scale = 4.0
+    model = instantiate(config.model_class, config=config.model)
+    teacher = model.teacher
+    g = torch.Generator().manual_seed(2)
+    x, t, y = torch.randn(2, 1, 8, 8, generator=g), torch.tensor([0.8, 0.4]), torch.tensor([1, 7])
+    with torch.no_grad():
+        got = model.teacher_x0(x, t, y)
+        c = teacher(x, t, condition=torch.nn.functional.one_hot(y, 10).float(), fwd_pred_type="flow")
+        u = teacher(x, t, condition=torch.zeros(2, 10), fwd_pred_type="flow")
+        want = x - t.view(2, 1, 1, 1) * teacher.backbone.guide(c, u, 4.0)  # x0 = x_t - t v under rectified flow
+        linear = x - t.view(2, 1, 1, 1) * (u + 4.0 * (c - u))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert float((got - linear).abs().max()) > 1e-3
+
+
 @pytest.mark.parametrize("image_seq_len", [16, 1024, 4096])
 def test_qwenimage_schedule_samples_at_its_pipelines_times(image_seq_len: int) -> None:
     """The network's sampling grid is what ``QwenImagePipeline`` gives its scheduler (Qwen-Image's config: dynamic
