@@ -16,6 +16,15 @@ def digits_loader(split: str = "train", batch_size: int = 128, seed: int = 0) ->
     )
 
 
+def moving_digits_loader(split: str = "train", batch_size: int = 32, frames: int = 8, width: int = 16,
+                         seed: int = 0) -> DictConfig:
+    """Moving-digits videos ``(1, frames, 8, width)`` with their digit's label (``fastgen.datasets.moving_digits``)."""
+    return LazyCall("fastgen.datasets.loader.build_dataloader")(
+        dataset=LazyCall("fastgen.datasets.moving_digits.MovingDigitsDataset")(split=split, frames=frames, width=width),
+        batch_size=batch_size, shuffle=True, seed=seed,
+    )
+
+
 def toy_loader(name: str = "eight_gaussians", batch_size: int = 256, num_samples: int = 50_000, seed: int = 0) -> DictConfig:
     return LazyCall("fastgen.datasets.loader.build_dataloader")(
         dataset=LazyCall("fastgen.datasets.toy.ToyDataset")(name=name, num_samples=num_samples, seed=seed),

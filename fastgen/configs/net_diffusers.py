@@ -87,6 +87,11 @@ TINY_QWEN_IMAGE: dict[str, Any] = {
     "patch_size": 2, "in_channels": 4, "out_channels": 1, "num_layers": 2, "attention_head_dim": 8,
     "num_attention_heads": 2, "joint_attention_dim": 16, "axes_dims_rope": [2, 2, 4],
 }
+#: A small Wan for pixel-space moving digits (1 channel, 8 frames of 8x16; ``Digits/config_sft_wan_moving_digits``).
+WAN_MOVING_DIGITS: dict[str, Any] = {
+    "patch_size": [1, 2, 2], "num_attention_heads": 4, "attention_head_dim": 16, "in_channels": 1, "out_channels": 1,
+    "text_dim": 16, "freq_dim": 64, "ffn_dim": 256, "num_layers": 4, "rope_max_seq_len": 32,
+}
 TINY_WAN: dict[str, Any] = {
     "patch_size": [1, 2, 2], "num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 1, "out_channels": 1,
     "text_dim": 16, "freq_dim": 32, "ffn_dim": 32, "num_layers": 2, "rope_max_seq_len": 32,
