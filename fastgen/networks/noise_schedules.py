@@ -28,7 +28,10 @@ PRED_TYPES: tuple[str, ...] = ("x0", "eps", "v", "flow")
 
 
 def expand_like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Reshape a per-sample ``(B,)`` tensor to broadcast against ``x`` of shape ``(B, ...)``."""
+    """Reshape a per-sample ``(B,)`` tensor to broadcast against ``x`` of shape ``(B, ...)``; a per-frame ``(B, F)``
+    tensor (diffusion forcing's times) against a video ``(B, C, F, H, W)``."""
+    if t.dim() == 2 and x.dim() == 5 and t.shape[1] == x.shape[2]:
+        return t[:, None, :, None, None].to(x.dtype)
     return t.reshape(t.shape[0], *([1] * (x.dim() - 1))).to(x.dtype)
 
 
