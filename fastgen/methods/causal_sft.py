@@ -56,5 +56,16 @@ class CausalSFTModel(FastGenModel):
         loss = (scheduler.loss_weight(t.float()) * per_frame).mean()
         return {"total_loss": loss, "denoising_loss": loss.detach()}, {"x_t": x_t, "pred": pred, "t": t}
 
+    def generator_fn(self, net: torch.nn.Module, noise: torch.Tensor, steps: int | None = None,
+                     condition: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """A block-causal network generates chunk by chunk with its KV cache (``sample_chunks``: Heun per chunk,
+        the finished chunk cached clean); a bidirectional one samples the whole video with Heun."""
+        if not getattr(net.backbone, "causal", False):
+            return super().generator_fn(net, noise, steps, condition, generator=generator)
+        from fastgen.networks.causal_sampling import sample_chunks
+
+        return sample_chunks(net, noise, condition, int(steps or self.config.sample_steps),
+                             guidance=self.config.guidance_scale, num_classes=self.num_classes, generator=generator)
+
 
 __all__ = ["CausalSFTModel"]

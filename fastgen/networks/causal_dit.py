@@ -41,11 +41,13 @@ def sincos(positions: torch.Tensor, dim: int) -> torch.Tensor:
 
 @dataclass
 class _Cache:
-    """One tag's cached keys / values per block (``(B, heads, tokens, head_dim)``) and the frames they hold."""
+    """One tag's cached keys / values per block (``(B, heads, tokens, head_dim)``): the last ``kept`` of the
+    ``frames`` frames written so far (a rolling cache drops the oldest; positions stay absolute)."""
 
-    keys: list[torch.Tensor | None] = field(default_factory=list)
-    values: list[torch.Tensor | None] = field(default_factory=list)
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
     frames: int = 0
+    kept: int = 0
 
 
 class CausalAttention(nn.Module):
@@ -128,7 +130,7 @@ class CausalVideoDiT(nn.Module):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
         self._caches: dict[str, _Cache] = {}
-        self._active: tuple[str, bool] | None = None
+        self._active: tuple[str, bool, int | None] | None = None
 
     # ---- the contract ------------------------------------------------------------------------------------------
     def shard_units(self) -> list[nn.Module]:
@@ -143,10 +145,13 @@ class CausalVideoDiT(nn.Module):
 
     # ---- caches ------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def kv_cache(self, tag: str = "default", write: bool = False) -> Iterator[None]:
+    def kv_cache(self, tag: str = "default", write: bool = False, keep_frames: int | None = None) -> Iterator[None]:
         """Within the context, forwards attend to tag ``tag``'s cache (earlier chunks) and, with ``write``, append
-        their own keys and values to it."""
-        previous, self._active = self._active, (tag, write)
+        their own keys and values to it - keeping only the last ``keep_frames`` frames when given (a rolling cache:
+        generation past the trained length attends to a window of recent chunks at their absolute positions)."""
+        if keep_frames is not None and (keep_frames < self.chunk_frames or keep_frames % self.chunk_frames):
+            raise ValueError(f"keep_frames must be a positive multiple of chunk_frames ({self.chunk_frames})")
+        previous, self._active = self._active, (tag, write, keep_frames)
         try:
             yield
         finally:
@@ -156,8 +161,14 @@ class CausalVideoDiT(nn.Module):
         self._caches.clear()
 
     def cached_frames(self, tag: str = "default") -> int:
+        """Frames written to tag ``tag`` so far (the next call's frame offset)."""
         cache = self._caches.get(tag)
         return cache.frames if cache is not None else 0
+
+    def kept_frames(self, tag: str = "default") -> int:
+        """Frames whose keys and values tag ``tag`` holds now."""
+        cache = self._caches.get(tag)
+        return cache.kept if cache is not None else 0
 
     # ---- forward -----------------------------------------------------------------------------------------------
     def _positions(self, frames: int, offset: int, device: torch.device) -> torch.Tensor:
@@ -183,7 +194,7 @@ class CausalVideoDiT(nn.Module):
             raise ValueError("CausalVideoDiT takes one time input and predicts no log-variance")
         b, c, frames, h, w = x.shape
         p, (gh, gw) = self.patch_size, self.grid
-        tag, write = self._active if self._active is not None else (None, False)
+        tag, write, keep = self._active if self._active is not None else (None, False, None)
         cache = self._caches.setdefault(tag, _Cache()) if tag is not None else None
         offset = cache.frames if cache is not None else 0
         if self.causal and (offset % self.chunk_frames or (write and frames % self.chunk_frames)):
@@ -196,12 +207,13 @@ class CausalVideoDiT(nn.Module):
         cond = cond.reshape(b, frames * gh * gw, -1)
         if self.y_embedder is not None:
             cond = cond + self.y_embedder(condition, b, cond.dtype)[:, None]
-        mask = self._mask(frames, offset, offset, x.device) if cache is not None else self._mask(frames, 0, 0, x.device)
+        kept = cache.kept if cache is not None else 0
+        mask = self._mask(frames, offset, kept, x.device)
         features: list[torch.Tensor] = []
         new_keys, new_values = [], []
         for i, block in enumerate(self.blocks):
             past = None
-            if cache is not None and cache.frames:
+            if cache is not None and cache.kept:
                 past = (cache.keys[i], cache.values[i])
             hidden, k, v = block(hidden, cond, mask, past)
             new_keys.append(k)
@@ -209,12 +221,18 @@ class CausalVideoDiT(nn.Module):
             if feature_indices is not None and i in feature_indices:
                 features.append(hidden.transpose(1, 2).reshape(b, -1, frames * gh, gw))
         if cache is not None and write:
-            if not cache.frames:
+            if not cache.kept:
                 cache.keys, cache.values = [k.detach() for k in new_keys], [v.detach() for v in new_values]
             else:
                 cache.keys = [torch.cat([old, k.detach()], dim=2) for old, k in zip(cache.keys, new_keys)]
                 cache.values = [torch.cat([old, v.detach()], dim=2) for old, v in zip(cache.values, new_values)]
             cache.frames += frames
+            cache.kept += frames
+            if keep is not None and cache.kept > keep:  # roll: drop the oldest frames' tokens
+                drop = (cache.kept - keep) * gh * gw
+                cache.keys = [k[:, :, drop:] for k in cache.keys]
+                cache.values = [v[:, :, drop:] for v in cache.values]
+                cache.kept = keep
         out = self.final_layer(hidden, cond)  # (B, L, p p C') - C' = C, or heads * C once widened
         channels = out.shape[-1] // (p * p)
         out = out.reshape(b, frames, gh, gw, p, p, channels).permute(0, 6, 1, 2, 4, 3, 5).reshape(b, channels, frames, h, w)

@@ -110,3 +110,44 @@ def test_causal_sft_draws_one_time_per_chunk_and_trains(tmp_path, monkeypatch) -
     trained = Trainer(config).run()
     videos, _ = trained.sample(2, generator=torch.Generator().manual_seed(0), steps=2)
     assert videos.shape == (2, 1, 8, 8, 16) and torch.isfinite(videos).all()
+
+
+@pytest.mark.parametrize("guidance,context_time", [(None, 0.0), (2.0, 0.1)])
+def test_chunk_by_chunk_generation_with_the_cache_equals_rerunning_the_prefix(guidance, context_time) -> None:  # noqa: ANN001
+    """The sampler with its KV cache (two tags under guidance; the finished chunk cached clean or at a context
+    noise level) gives the video that re-running the whole prefix for every evaluation gives."""
+    from fastgen.networks.causal_sampling import sample_chunks
+
+    net = network()
+    noise, _, y = inputs()
+    cached = sample_chunks(net, noise, y, steps=3, guidance=guidance, num_classes=10, context_time=context_time,
+                           generator=torch.Generator().manual_seed(4))
+    rerun = sample_chunks(net, noise, y, steps=3, guidance=guidance, num_classes=10, context_time=context_time,
+                          use_cache=False, generator=torch.Generator().manual_seed(4))
+    assert cached.shape == noise.shape and net.backbone.cached_frames("cond") == 0  # caches cleared after
+    torch.testing.assert_close(cached, rerun, atol=1e-4, rtol=0)
+
+
+def test_a_rolling_cache_generates_past_the_trained_length() -> None:
+    """16 frames from a network built for 8, attending to the last 4 frames: the cache never holds more, frames
+    keep their absolute positions (the first chunk equals a plain generation's), and the video is finite."""
+    from fastgen.networks.causal_sampling import sample_chunks
+
+    net = network()
+    backbone = net.backbone
+    kept: list[int] = []
+    original = backbone.forward
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        kept.append(backbone.kept_frames("cond"))
+        return original(*args, **kwargs)
+
+    backbone.forward = spy
+    noise = torch.randn(2, 1, 16, 8, 16, generator=torch.Generator().manual_seed(5))
+    long = sample_chunks(net, noise, torch.tensor([1, 2]), steps=2, num_classes=10, keep_frames=4)
+    backbone.forward = original
+    short = sample_chunks(net, noise[:, :, :8], torch.tensor([1, 2]), steps=2, num_classes=10)
+    assert long.shape == (2, 1, 16, 8, 16) and torch.isfinite(long).all()
+    assert max(kept) == 4 and 0 in kept
+    torch.testing.assert_close(long[:, :, :4], short[:, :, :4], atol=1e-5, rtol=0)  # the window is not full yet
+    assert float((long[:, :, 6:8] - short[:, :, 6:8]).abs().max()) > 0  # chunk 3 no longer sees chunk 0
