@@ -300,3 +300,17 @@ class CountHostCopies(Callback):
         download = S3Storage.download_file
         S3Storage.download_file = lambda storage, location, path: counted("download", lambda *a: download(
             storage, location, path))(location)
+
+
+class ExitStepLog(Callback):
+    """Each rank appends ``iteration exit steps`` of a Self-Forcing student step to ``<prefix>.rank<r>``."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def on_training_step_end(self, model: Any, data_batch: dict, output_batch: dict, loss_dict: dict,
+                             iteration: int = 0) -> None:
+        exits = getattr(model, "last_exit_steps", None)
+        if exits is not None and "vsd_loss" in loss_dict:
+            with open(f"{self.prefix}.rank{dist_utils.get_rank()}", "a") as handle:
+                handle.write(f"{iteration} {' '.join(str(e) for e in exits)}\n")
