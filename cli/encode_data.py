@@ -55,7 +55,7 @@ def encode_data(
     resolution: int = typer.Option(512, "--resolution", help="Square side the images are centre-cropped and resized to."),
     batch_size: int = typer.Option(8, "--batch-size", help="Images encoded at once per rank."),
     shard_size: int = typer.Option(1000, "--shard-size", help="Inputs per shard."),
-    frames: int = typer.Option(17, "--frames", help="Videos: frames taken from each (Wan: 4 k + 1)."),
+    frames: int = typer.Option(17, "--frames", help="Videos: frames taken from each (Wan, CogVideoX: 4 k + 1; CogVideoX-5b: 49)."),
     frame_stride: int = typer.Option(1, "--frame-stride", help="Videos: take every N-th frame."),
     credentials_dir: str = typer.Option("./credentials/", "--credentials-dir", help="s3:// SRC / DST: the folder whose s3.json holds the credentials (else AWS_* variables)."),
     strict: bool = typer.Option(False, "--strict", help="An unreadable or uncaptioned input is an error, not skipped."),
@@ -114,19 +114,22 @@ def _shards(src: str, shard_size: int) -> list[Any]:
 
 
 def _check_frames(family: str, folder: Path, frames: int) -> None:
-    """Wan's VAE encodes 1 + 4 k frames (its config's ``scale_factor_temporal``)."""
-    if family != "wan" or frames == 1:
+    """Wan's and CogVideoX's VAEs encode 1 + k n frames (``k``: Wan's config's ``scale_factor_temporal``,
+    CogVideoX's ``temporal_compression_ratio``; ``CogVideoXPipeline`` makes ``(F - 1) // k + 1`` latent frames)."""
+    keys = {"wan": ("Wan", "scale_factor_temporal"), "cogvideox": ("CogVideoX", "temporal_compression_ratio")}
+    if family not in keys or frames == 1:
         return
     import json
 
     from fastgen.utils.errors import UsageError
 
+    name, key = keys[family]
     try:
-        temporal = int(json.loads((folder / "vae" / "config.json").read_text()).get("scale_factor_temporal", 4))
+        temporal = int(json.loads((folder / "vae" / "config.json").read_text()).get(key, 4))
     except (OSError, ValueError):
         return
     if (frames - 1) % temporal:
-        raise UsageError(f"--frames {frames}: Wan's VAE encodes 1 + {temporal} k frames (e.g. "
+        raise UsageError(f"--frames {frames}: {name}'s VAE encodes 1 + {temporal} k frames (e.g. "
                          f"{(frames - 1) // temporal * temporal + 1} or {((frames - 1) // temporal + 1) * temporal + 1})")
 
 

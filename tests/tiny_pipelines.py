@@ -5,8 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer, T5TokenizerFast
+from diffusers import (
+    AutoencoderKL,
+    DDIMScheduler,
+    StableDiffusionPipeline,
+    UNet2DConditionModel,
+)
+from transformers import (
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    CLIPTokenizer,
+    T5TokenizerFast,
+)
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -82,7 +93,11 @@ def tiny_qwenimage_pipeline(transformer: Any, latent_channels: int = 1) -> Any:
     ``AutoencoderKLQwenImage`` (16x16 pixels -> 8x8 latents; per-channel means 0.1, -0.2, ... and stds 1.5, 1.75,
     ...), the toy Qwen2.5-VL and byte tokenizer, and Qwen-Image's own scheduler config (dynamic exponential shift,
     shift_terminal 0.02)."""
-    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+    )
 
     from fastgen.configs.net_diffusers import QWEN_IMAGE_SCHEDULER
 
@@ -120,10 +135,15 @@ def tiny_sd_pipeline() -> StableDiffusionPipeline:
 
 
 def tiny_family_pipeline(family: str, network: Any) -> Any:
-    """A pipeline of ``family`` (sd, sdxl, flux, wan, qwenimage) around ``network`` (the diffusers model of a fastgen
+    """A pipeline of ``family`` (sd, sdxl, flux, wan, qwenimage, cogvideox) around ``network`` (the diffusers model of a fastgen
     network built from ``fastgen.configs.net_diffusers``' ``TINY_*`` configs): one latent channel, 16x16 pixels ->
     8x8 latents, text encoders as wide as the network's text input (16; Flux's pooled 8)."""
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, FluxPipeline, WanPipeline
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        FluxPipeline,
+        WanPipeline,
+    )
     from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
     if family == "sd":
@@ -134,6 +154,8 @@ def tiny_family_pipeline(family: str, network: Any) -> Any:
         return tiny_sdxl_pipeline(network)
     if family == "qwenimage":
         return tiny_qwenimage_pipeline(network)
+    if family == "cogvideox":
+        return tiny_cogvideox_pipeline(network)
     if family == "flux":
         t5 = T5EncoderModel(T5Config(vocab_size=30, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
                                      decoder_start_token_id=0)).eval()
@@ -149,3 +171,30 @@ def tiny_family_pipeline(family: str, network: Any) -> Any:
         return WanPipeline(tokenizer=t5_tokenizer(), text_encoder=umt5, vae=vae, transformer=network,
                            scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
     raise ValueError(family)
+
+
+def tiny_cogvideox_vae(latent_channels: int = 1, scaling_factor: float = 0.7) -> Any:
+    """CogVideoX's causal 3-D VAE at toy size: 2 levels (16x16 pixels -> 8x8 latents), time halved once
+    (``temporal_compression_ratio`` 2: 5 frames -> 3, one frame -> one)."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    return AutoencoderKLCogVideoX(block_out_channels=(8, 16), down_block_types=("CogVideoXDownBlock3D",) * 2,
+                                  up_block_types=("CogVideoXUpBlock3D",) * 2, latent_channels=latent_channels,
+                                  layers_per_block=1, norm_num_groups=4, temporal_compression_ratio=2,
+                                  sample_height=16, sample_width=16, scaling_factor=scaling_factor).eval()
+
+
+def tiny_cogvideox_pipeline(transformer: Any, latent_channels: int = 1) -> Any:
+    """CogVideoX's pipeline at toy size around ``transformer`` (``TINY_COGVIDEOX``: 16-wide text): the toy 3-D VAE, a
+    1-layer T5 with the letter tokenizer, and CogVideoX-5b's own scheduler config (``CogVideoXDDIMScheduler``, v
+    prediction, zero terminal SNR, trailing)."""
+    from diffusers import CogVideoXDDIMScheduler, CogVideoXPipeline
+    from transformers import T5Config, T5EncoderModel
+
+    from fastgen.configs.net_diffusers import COGVIDEOX_5B_SCHEDULER
+
+    t5 = T5EncoderModel(T5Config(vocab_size=30, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+                                 decoder_start_token_id=0)).eval()
+    scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_5B_SCHEDULER, timestep_spacing="trailing", clip_sample=False)
+    return CogVideoXPipeline(tokenizer=t5_tokenizer(), text_encoder=t5, vae=tiny_cogvideox_vae(latent_channels),
+                             transformer=transformer, scheduler=scheduler)

@@ -66,6 +66,30 @@ QWEN_IMAGE_SCHEDULER: dict[str, Any] = {
     "base_image_seq_len": 256, "max_image_seq_len": 8192, "base_shift": 0.5, "max_shift": 0.9, "shift_terminal": 0.02,
 }
 
+#: CogVideoX-5b's transformer (``THUDM/CogVideoX-5b``, ``transformer/config.json``): 42 blocks, 3072 wide (48 heads of
+#: 64), T5-XXL's 4096-wide states of 226 tokens, 3-D rotary positions; trained on 49 frames of 480x720
+#: (13x60x90 latents).
+COGVIDEOX_5B: dict[str, Any] = {
+    "num_attention_heads": 48, "attention_head_dim": 64, "in_channels": 16, "out_channels": 16, "flip_sin_to_cos": True,
+    "freq_shift": 0, "time_embed_dim": 512, "text_embed_dim": 4096, "num_layers": 42, "dropout": 0.0,
+    "attention_bias": True, "sample_width": 90, "sample_height": 60, "sample_frames": 49, "patch_size": 2,
+    "temporal_compression_ratio": 4, "max_text_seq_length": 226, "activation_fn": "gelu-approximate",
+    "timestep_activation_fn": "silu", "norm_elementwise_affine": True, "norm_eps": 1e-5,
+    "spatial_interpolation_scale": 1.875, "temporal_interpolation_scale": 1.0,
+    "use_rotary_positional_embeddings": True, "use_learned_positional_embeddings": False,
+}
+#: CogVideoX-2b's transformer: 30 blocks, 1920 wide (30 heads of 64), sincos positions instead of rotary ones.
+COGVIDEOX_2B: dict[str, Any] = {**COGVIDEOX_5B, "num_attention_heads": 30, "num_layers": 30,
+                                "use_rotary_positional_embeddings": False}
+#: The ``scheduler/scheduler_config.json`` entries of CogVideoX-5b (``CogVideoXDDIMScheduler``) that define its
+#: training schedule: scaled-linear betas, v prediction, zero terminal SNR, no SNR shift (2b: ``snr_shift_scale``
+#: 3.0, ``COGVIDEOX_2B_SCHEDULER``); ``timestep_spacing="trailing"`` is the grid ``DiscreteVPScheduler`` samples.
+COGVIDEOX_5B_SCHEDULER: dict[str, Any] = {
+    "num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
+    "prediction_type": "v_prediction", "rescale_betas_zero_snr": True, "snr_shift_scale": 1.0,
+}
+COGVIDEOX_2B_SCHEDULER: dict[str, Any] = {**COGVIDEOX_5B_SCHEDULER, "snr_shift_scale": 3.0}
+
 # Toy sizes of the same classes for 1-channel 8x8 inputs (digits).
 TINY_SD_UNET: dict[str, Any] = {
     "sample_size": 8, "in_channels": 1, "out_channels": 1, "layers_per_block": 1, "block_out_channels": [16, 32],
@@ -91,6 +115,14 @@ TINY_QWEN_IMAGE: dict[str, Any] = {
 WAN_MOVING_DIGITS: dict[str, Any] = {
     "patch_size": [1, 2, 2], "num_attention_heads": 4, "attention_head_dim": 16, "in_channels": 1, "out_channels": 1,
     "text_dim": 16, "freq_dim": 64, "ffn_dim": 256, "num_layers": 4, "rope_max_seq_len": 32,
+}
+#: CogVideoX at toy size: 1 channel, 8x8 latents of one frame, rotary positions as CogVideoX-5b (the sincos ones of
+#: 2b: ``"use_rotary_positional_embeddings": False``), 8 text tokens of width 16; heads of 16 (the rotary split
+#: gives each spatial axis 3/8 of a head, which must be even).
+TINY_COGVIDEOX: dict[str, Any] = {
+    "num_attention_heads": 2, "attention_head_dim": 16, "in_channels": 1, "out_channels": 1, "time_embed_dim": 16,
+    "text_embed_dim": 16, "num_layers": 2, "sample_width": 8, "sample_height": 8, "sample_frames": 1, "patch_size": 2,
+    "temporal_compression_ratio": 2, "max_text_seq_length": 8, "use_rotary_positional_embeddings": True,
 }
 TINY_WAN: dict[str, Any] = {
     "patch_size": [1, 2, 2], "num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 1, "out_channels": 1,
@@ -169,3 +201,27 @@ def qwenimage_transformer(config: dict[str, Any], prompt_embeddings: str | None 
     return _wrapped(LazyCall("fastgen.networks.diffusers_nets.QwenImageTransformer")(
         config=dict(config), prompt_embeddings=prompt_embeddings, num_prompts=num_prompts, prompt_tokens=prompt_tokens,
     ), flow_schedule(shift=qwenimage_shift(image_seq_len, settings), shift_terminal=settings.get("shift_terminal")))
+
+
+def cogvideox_schedule(scheduler: dict[str, Any] | None = None) -> DictConfig:
+    """CogVideoX's discrete VP schedule from its ``scheduler_config.json`` entries (default ``COGVIDEOX_5B_SCHEDULER``):
+    what ``CogVideoXDDIMScheduler`` computes - betas, the SNR shift, the zero-terminal-SNR rescale - and v prediction."""
+    settings = {**COGVIDEOX_5B_SCHEDULER, **(scheduler or {})}
+    prediction = {"v_prediction": "v", "epsilon": "eps"}.get(settings["prediction_type"])
+    if prediction is None:
+        raise ValueError(f"prediction_type {settings['prediction_type']!r}: CogVideoX predicts v_prediction or epsilon")
+    return LazyCall("fastgen.networks.noise_schedules.DiscreteVPScheduler")(
+        num_train_timesteps=settings["num_train_timesteps"], beta_start=settings["beta_start"],
+        beta_end=settings["beta_end"], beta_schedule=settings["beta_schedule"], prediction_type=prediction,
+        snr_shift_scale=settings["snr_shift_scale"], rescale_betas_zero_snr=settings["rescale_betas_zero_snr"],
+    )
+
+
+def cogvideox_transformer(config: dict[str, Any], prompt_embeddings: str | None = None, num_prompts: int = 0,
+                          prompt_tokens: int | None = None, scheduler: dict[str, Any] | None = None) -> DictConfig:
+    """A ``CogVideoXTransformer3DModel`` on CogVideoX's schedule (``cogvideox_schedule``; ``scheduler``: its
+    ``scheduler_config.json`` entries, default CogVideoX-5b's - pass ``COGVIDEOX_2B_SCHEDULER`` for 2b). The
+    prompt bank's rows are ``max_text_seq_length`` (226) tokens unless ``prompt_tokens`` says."""
+    return _wrapped(LazyCall("fastgen.networks.diffusers_nets.CogVideoXTransformer")(
+        config=dict(config), prompt_embeddings=prompt_embeddings, num_prompts=num_prompts, prompt_tokens=prompt_tokens,
+    ), cogvideox_schedule(scheduler))

@@ -12,12 +12,12 @@ the frames asked for is skipped and counted (``strict``: an error naming it).
 
 **Pictures.** Each image, and each frame of a video, is centre-cropped to a square and resized to ``resolution``
 with Lanczos (EDM's ``center-crop`` transform). A video gives ``Frames.count`` frames, every ``stride``-th from
-the first (Wan's VAE wants ``4 k + 1``).
+the first (Wan's and CogVideoX's VAEs want ``4 k + 1``: CogVideoX-5b was trained on 49).
 
 **Shards** (``DST/shard-NNNNNN.tar``; the WebDataset convention: members ``KEY.FIELD``, ``KEY`` the input's index as
 9 digits, or ``KKKKKK_JJJJJJ`` - input shard and position - for WebDataset sources):
 
-* ``latent.npy`` - float32 ``(C, h, w)`` (Wan: ``(C, f, h, w)``; an image is one frame): the codec's normalised
+* ``latent.npy`` - float32 ``(C, h, w)`` (Wan, CogVideoX: ``(C, f, h, w)``; an image is one frame): the codec's normalised
   latent;
 * ``text.npy`` - float32: the network's ``condition`` (``Codec.condition``: the text embeddings; Flux's packs the
   pooled vector in row 0, SDXL's also its size-and-crop time ids; Wan's and Qwen-Image's are zero past the
@@ -260,7 +260,7 @@ def encode_shard(codec: Any, sources: list[Source], path: Path, resolution: int,
                  frames: Frames | None = None) -> dict[str, Any]:
     """Write one shard (atomically) and return its summary ``{"samples", "skipped"}``. Consecutive inputs of the
     same shape (images; videos of ``frames``) are encoded together, up to ``batch_size``."""
-    video = getattr(codec, "family", "") == "wan"
+    video = bool(getattr(codec, "video", False))  # Wan's and CogVideoX's codecs encode videos
     readable, skipped = [], []
     for source in sources:
         try:

@@ -19,6 +19,9 @@ distilled student is only usable in the family's pipeline if fastgen does both e
   chat template -> Qwen2.5-VL's last hidden state under the attention mask, the template's first 34 tokens dropped
   (``_get_qwen_prompt_embeds``), each prompt cut at ``max_sequence_length`` (512, what ``__call__`` uses) and
   zero-padded to it; ``text_mask`` marks its own tokens (the network reads the mask back from the zero rows).
+* **CogVideoX** (``CogVideoXPipeline``, video): ``z = s E(x)`` with the 3-D VAE's ``scaling_factor``, videos
+  ``(B, C, F, H, W)`` (``(F - 1) / 4 + 1`` latent frames; an image is one frame); prompts -> T5's last hidden state
+  of the prompt padded to ``max_sequence_length`` (226), without an attention mask.
 
 ``E(x)`` is the mode (mean) of the VAE's posterior unless a generator is given (then a sample, as diffusers'
 training scripts draw): deterministic latents make a data set reproducible. Pixels are ``[-1, 1]``.
@@ -90,6 +93,7 @@ class Codec(nn.Module):
     """A family's VAE and text encoders (frozen modules of this ``nn.Module``, so ``.to()`` and FSDP see them)."""
 
     family: ClassVar[str] = ""
+    video: ClassVar[bool] = False  # whether it encodes videos (encode-data reads video inputs for it)
     components: ClassVar[tuple[str, ...]] = ()  # pipeline components besides the VAE, in encoding order
 
     def __init__(self, vae: nn.Module, **parts: Any) -> None:
@@ -270,6 +274,7 @@ class FluxCodec(Codec):
 
 class WanCodec(Codec):
     family = "wan"
+    video = True
     components = ("tokenizer", "text_encoder")
 
     def __init__(self, vae: nn.Module, max_sequence_length: int = 512, **parts: Any) -> None:
@@ -375,10 +380,48 @@ class QwenImageCodec(Codec):
         return {"text": text, "text_mask": mask}
 
 
+class CogVideoXCodec(Codec):
+    """CogVideoX (Yang et al. 2024): ``AutoencoderKLCogVideoX`` (a causal 3-D VAE: ``(F - 1) / k + 1`` latent frames
+    of ``F`` frames, ``k`` its ``temporal_compression_ratio``) with ``z = s E(x)`` by its ``scaling_factor`` (the
+    pipelines' ``vae_scaling_factor_image``: ``CogVideoXVideoToVideoPipeline.prepare_latents`` multiplies,
+    ``CogVideoXPipeline.decode_latents`` divides), videos ``(B, C, F, H, W)`` - the pipelines hold them frame major,
+    fastgen channel major - and an image one frame; prompts -> T5's last hidden state of the prompt padded to
+    ``max_sequence_length`` (226), encoded **without** an attention mask (``_get_t5_prompt_embeds``: the padding
+    tokens are encoded too), the negative prompt ``""`` the same way (not zeros)."""
+
+    family = "cogvideox"
+    video = True
+    components = ("tokenizer", "text_encoder")
+
+    def __init__(self, vae: nn.Module, max_sequence_length: int = 226, **parts: Any) -> None:
+        super().__init__(vae, **parts)
+        self.max_sequence_length = int(max_sequence_length)
+
+    def normalise(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw * self.vae.config.scaling_factor
+
+    def denormalise(self, latents: torch.Tensor) -> torch.Tensor:
+        return latents / self.vae.config.scaling_factor
+
+    def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``(B, C, f, h, w)`` latents of ``(B, 3, F, H, W)`` videos; ``(B, 3, H, W)`` images are one frame."""
+        return super().encode_images(pixels if pixels.dim() == 5 else pixels.unsqueeze(2), generator)
+
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """Videos ``(B, 3, F, H, W)``; the images of 4-D latents (one frame) as ``(B, 3, H, W)``."""
+        decoded = super().decode_latents(latents if latents.dim() == 5 else latents.unsqueeze(2))
+        return decoded[:, :, 0] if latents.dim() == 4 else decoded
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        ids = self._tokens("tokenizer", prompts, self.max_sequence_length, add_special_tokens=True).input_ids
+        return {"text": self.encoders["text_encoder"](ids.to(self.device))[0]}
+
+
 CODECS: dict[str, type[Codec]] = {cls.family: cls for cls in (SDCodec, SDXLCodec, FluxCodec, WanCodec,
-                                                             QwenImageCodec)}
+                                                             QwenImageCodec, CogVideoXCodec)}
 _BY_PIPELINE = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl", "FluxPipeline": "flux",
-                "WanPipeline": "wan", "QwenImagePipeline": "qwenimage"}
+                "WanPipeline": "wan", "QwenImagePipeline": "qwenimage", "CogVideoXPipeline": "cogvideox"}
 
 
 def codec_family(folder: str | Path, family: str | None = None) -> str:
@@ -410,5 +453,15 @@ def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype
         return CODECS[family].from_pretrained(folder, dtype=dtype, text=text, **kwargs)
 
 
-__all__ = ["CODECS", "Codec", "FluxCodec", "QwenImageCodec", "SDCodec", "SDXLCodec", "WanCodec", "codec_family",
-           "load_codec"]
+__all__ = [
+    "CODECS",
+    "Codec",
+    "CogVideoXCodec",
+    "FluxCodec",
+    "QwenImageCodec",
+    "SDCodec",
+    "SDXLCodec",
+    "WanCodec",
+    "codec_family",
+    "load_codec",
+]

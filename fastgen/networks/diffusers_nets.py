@@ -1,21 +1,23 @@
-"""diffusers-backed backbones: Stable-Diffusion-style U-Nets, Flux-, Wan- and Qwen-Image-style transformers in the
-network contract (``fastgen.networks.diffusion_net``), behind the optional extra ``pip install fastgen[diffusers]``.
+"""diffusers-backed backbones: Stable-Diffusion-style U-Nets, Flux-, Wan-, Qwen-Image- and CogVideoX-style transformers
+in the network contract (``fastgen.networks.diffusion_net``), behind the optional extra ``pip install fastgen[diffusers]``.
 
 Each class wraps one diffusers model class, built from its architecture config (a dict, as in the model's
 ``config.json``), so that ``fastgen dryrun`` and meta-device builds size a 12B transformer without its weights.
 The weights come from ``model.pretrained_model_path`` - a local diffusers folder (``transformer/`` or ``unet/``
 inside a pipeline folder, or the model folder itself) read with safetensors in ``load_pretrained`` - when a run
 starts, never in ``__init__``. The schedule is the one the model was trained with, set by the config builders in
-``fastgen.configs.net_diffusers``: discrete VP with epsilon prediction for SD (``DiscreteVPScheduler``), rectified
+``fastgen.configs.net_diffusers``: discrete VP with epsilon prediction for SD (``DiscreteVPScheduler``; CogVideoX's
+with v prediction, its SNR shift and zero terminal SNR), rectified
 flow for Flux, Wan and Qwen-Image (``x_t = (1 - t) x0 + t eps``, velocity ``eps - x0``; Esser et al. 2024; Wan
 2025; Wu et al. 2025).
 
 What each backbone is given (``forward(x, c_noise, condition, r_noise, feature_indices, return_logvar)``):
 
-* ``x``: latents ``(B, C, H, W)``; for Wan also ``(B, C, F, H, W)`` video latents (an image is one frame). Flux
+* ``x``: latents ``(B, C, H, W)``; for Wan and CogVideoX also ``(B, C, F, H, W)`` video latents (an image is one
+  frame; CogVideoX's model takes them frame major, the backbone transposes). Flux
   and Qwen-Image pack 2x2 latent patches into tokens themselves (their pipelines' ``_pack_latents``), so
   ``in_channels = 4 C``.
-* ``c_noise``: the schedule's time: SD's step index ``0..N-1``; Flux's and Qwen-Image's ``t in [0, 1]`` (the
+* ``c_noise``: the schedule's time: SD's and CogVideoX's step index ``0..N-1``; Flux's and Qwen-Image's ``t in [0, 1]`` (the
   transformers scale by 1000 themselves; Qwen-Image's pipeline passes ``timestep / 1000``); Wan's ``t`` scaled to
   ``0..1000`` here, as its pipeline passes it.
 * ``condition``: **text embeddings** ``(B, T, D)`` (``D`` = the model's cross-attention / joint-attention / text
@@ -514,5 +516,93 @@ class QwenImageTransformer(DiffusersBackbone):
         return unpack_flux_latents(rescaled, h, w)
 
 
+class CogVideoXTransformer(DiffusersBackbone):
+    """CogVideoX's ``CogVideoXTransformer3DModel`` (Yang et al. 2024: an expert-adaptive-LayerNorm DiT over 2x2
+    spatial patches of the 3-D VAE's latents, text and video tokens in one sequence), called as ``CogVideoXPipeline``
+    calls it: frame-major ``(B, F, C, H, W)`` latents (fastgen's videos are ``(B, C, F, H, W)``; an image
+    ``(B, C, H, W)`` is one frame), the DDPM step index as ``timestep``, the T5 states as ``encoder_hidden_states``
+    and - with ``use_rotary_positional_embeddings`` (CogVideoX-5b) - the 3-D rotary tables the pipeline computes
+    itself (``_prepare_rotary_positional_embeddings``: ``get_3d_rotary_pos_embed`` over the latent grid, cropped
+    from the ``sample_height x sample_width`` base grid by ``get_resize_crop_region_for_grid``). CogVideoX-2b adds
+    sincos positions inside the model instead (a non-persistent buffer, which a meta-device build receives from rank
+    0 like any other buffer).
+
+    The text is always ``max_text_seq_length`` (226) tokens, as the pipeline pads it: the sincos table of 2b spans
+    exactly that many text positions, so the null condition is 226 zero tokens. Guidance is plain
+    ``u + s (c - u)`` (the pipeline's default ``use_dynamic_cfg=False``). CogVideoX 1.5 (``patch_size_t``, temporal
+    patches and frame padding) is not supported. Shard units: every transformer block (each returns ``(video
+    tokens, text tokens)``)."""
+
+    model_class = "CogVideoXTransformer3DModel"
+    weights_subfolder = "transformer"
+    text_dim_key = "text_embed_dim"
+
+    def __init__(self, config: dict[str, Any], prompt_embeddings: str | None = None, num_prompts: int = 0,
+                 prompt_tokens: int | None = None) -> None:
+        if config.get("patch_size_t") is not None:
+            raise UsageError(f"CogVideoXTransformer: patch_size_t={config['patch_size_t']} (CogVideoX 1.5's temporal "
+                             "patches) is not supported; CogVideoX-2b and -5b have none")
+        if config.get("ofs_embed_dim"):
+            raise UsageError("CogVideoXTransformer: ofs_embed_dim (CogVideoX 1.5 image-to-video) is not supported")
+        max_text_tokens = int(config.get("max_text_seq_length", 226))
+        super().__init__(config, prompt_embeddings, num_prompts, max_text_tokens if prompt_tokens is None else prompt_tokens)
+        self.max_text_tokens = max_text_tokens
+        self._rope_cache: dict[tuple[int, int, int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def shard_units(self) -> list[nn.Module]:
+        return list(self.model.transformer_blocks)
+
+    def head_projection(self) -> HeadSpec:
+        """The output projection PDD widens: ``proj_out``, whose rows per token are ``(channel, p, p)`` (the model
+        unpatchifies with ``reshape(..., -1, p, p)``, the channel count taken from the tensor): channel major."""
+        return HeadSpec("model.proj_out")
+
+    def text_embeddings(self, condition: torch.Tensor | None, batch: int, dtype: torch.dtype,
+                        device: torch.device) -> torch.Tensor:
+        if condition is None and not len(self.prompt_bank):  # the null condition: the pipeline's text length
+            return torch.zeros(batch, self.max_text_tokens, self.text_dim, dtype=dtype, device=device)
+        return super().text_embeddings(condition, batch, dtype, device)
+
+    def rotary_embeddings(self, frames: int, height: int, width: int,
+                          device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``CogVideoXPipeline._prepare_rotary_positional_embeddings`` for ``frames`` latent frames of ``height x
+        width`` latents (the pipeline's ``height // (vae_scale_factor_spatial * patch_size)`` is the latent size over
+        ``patch_size``), or None for a model with sincos positions. Cached per size and device."""
+        config = self.model.config
+        if not config.use_rotary_positional_embeddings:
+            return None
+        key = (frames, height, width, str(device))
+        if key not in self._rope_cache:
+            from diffusers.models.embeddings import get_3d_rotary_pos_embed
+            from diffusers.pipelines.cogvideo.pipeline_cogvideox import (
+                get_resize_crop_region_for_grid,
+            )
+
+            p = config.patch_size
+            grid = (height // p, width // p)
+            crops = get_resize_crop_region_for_grid(grid, config.sample_width // p, config.sample_height // p)
+            self._rope_cache[key] = get_3d_rotary_pos_embed(embed_dim=config.attention_head_dim, crops_coords=crops,
+                                                            grid_size=grid, temporal_size=frames, device=device)
+        return self._rope_cache[key]
+
+    def _call(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        video = x if x.dim() == 5 else x.unsqueeze(2)
+        p = self.model.config.patch_size
+        if video.shape[-2] % p or video.shape[-1] % p:
+            raise ValueError(f"CogVideoX patches {p}x{p} latents: height and width must be multiples of {p}, got "
+                             f"{video.shape[-2]}x{video.shape[-1]}")
+        frames = video.shape[2]
+        rotary = self.rotary_embeddings(frames, video.shape[-2], video.shape[-1], x.device)
+        out = self.model(hidden_states=video.transpose(1, 2), encoder_hidden_states=text, timestep=c_noise.to(x.dtype),
+                         image_rotary_emb=rotary, return_dict=False)[0].transpose(1, 2)
+        return out if x.dim() == 5 else out.squeeze(2)
+
+    def _feature_map(self, output: Any, x: torch.Tensor) -> torch.Tensor:
+        p = self.model.config.patch_size
+        frames = x.shape[2] if x.dim() == 5 else 1
+        return _tokens_to_map(output[0], frames * (x.shape[-2] // p), x.shape[-1] // p)
+
+
 BACKBONES: dict[str, type[DiffusersBackbone]] = {cls.__name__: cls for cls in (SDUNet, SDXLUNet, FluxTransformer,
-                                                                                WanTransformer, QwenImageTransformer)}
+                                                                                WanTransformer, QwenImageTransformer,
+                                                                                CogVideoXTransformer)}

@@ -243,10 +243,21 @@ class DiscreteVPScheduler(NoiseScheduler):
     * training: ``k`` uniform over the ``N`` steps, weight 1 on the native prediction (DDPM's "simple" loss);
     * sampling grid: ``steps + 1`` uniform times from 1 to 0 - "trailing" spacing, which starts at the last trained
       step (Lin et al. 2024, "Common diffusion noise schedules and sample steps are flawed", Table 2).
+
+    CogVideoX's schedule (``CogVideoXDDIMScheduler`` / ``CogVideoXDPMScheduler``) changes ``abar`` twice after the
+    betas, in this order, and both are here so the network trains and samples on the schedule it was trained with:
+
+    * ``snr_shift_scale`` ``s``: ``abar' = abar / (s + (1 - s) abar)``, the signal-to-noise ratio divided by ``s``
+      (SD3's resolution shift, Esser et al. 2024, Sec. 5.3.2; 1: none);
+    * ``rescale_betas_zero_snr``: ``sqrt(abar)`` shifted and scaled so that the last step is pure noise and the first
+      keeps its value (Lin et al. 2024, Algorithm 1). ``abar_N = 0`` has no logarithm, so on the last segment
+      ``((N - 1) / N, 1]`` ``alpha`` falls linearly to 0 (``sigma = sqrt(1 - alpha^2)``): exact at both knots, and
+      every conversion stays finite (``v`` at ``t = 1`` is ``-x0``).
     """
 
     def __init__(self, num_train_timesteps: int = 1000, beta_start: float = 0.00085, beta_end: float = 0.012,
-                 beta_schedule: str = "scaled_linear", prediction_type: str = "eps") -> None:
+                 beta_schedule: str = "scaled_linear", prediction_type: str = "eps", snr_shift_scale: float = 1.0,
+                 rescale_betas_zero_snr: bool = False) -> None:
         if beta_schedule == "scaled_linear":
             betas = torch.linspace(beta_start**0.5, beta_end**0.5, num_train_timesteps, dtype=torch.float64, device="cpu") ** 2
         elif beta_schedule == "linear":
@@ -255,14 +266,44 @@ class DiscreteVPScheduler(NoiseScheduler):
             raise ValueError(f"beta_schedule must be 'scaled_linear' or 'linear', got {beta_schedule!r}")
         if prediction_type not in ("eps", "v"):
             raise ValueError(f"prediction_type must be 'eps' or 'v', got {prediction_type!r}")
+        if not snr_shift_scale > 0:
+            raise ValueError(f"snr_shift_scale must be positive, got {snr_shift_scale!r}")
         self.native_pred_type = prediction_type  # type: ignore[assignment]
         self.num_train_timesteps = int(num_train_timesteps)
         # kept as given: an export writes the same schedule into a diffusers scheduler (fastgen.pipelines)
         self.beta_start, self.beta_end, self.beta_schedule = float(beta_start), float(beta_end), beta_schedule
+        self.snr_shift_scale, self.rescale_betas_zero_snr = float(snr_shift_scale), bool(rescale_betas_zero_snr)
         # ln abar at the knots t = 0 (clean), 1/N, ..., 1; on the CPU even inside a meta-device build
-        self._log_abar = torch.cat([torch.zeros(1, dtype=torch.float64, device="cpu"), torch.cumsum(torch.log1p(-betas), 0)])
+        log_abar = torch.cumsum(torch.log1p(-betas), 0)
+        if self.snr_shift_scale != 1.0 or self.rescale_betas_zero_snr:
+            log_abar = self._modified(log_abar.exp()).log()
+        # a zero-terminal-SNR last knot (ln 0) is never interpolated in ln abar (see _alpha_last_segment)
+        self.zero_terminal_snr = bool(log_abar[-1] == -torch.inf)
+        if self.zero_terminal_snr:
+            log_abar[-1] = log_abar[-2]
+        self._log_abar = torch.cat([torch.zeros(1, dtype=torch.float64, device="cpu"), log_abar])
         self.t_min, self.t_max = 0.0, 1.0
-        self._sigma_max = float((-torch.expm1(self._log_abar[-1])).sqrt())
+        self._sigma_max = 1.0 if self.zero_terminal_snr else float((-torch.expm1(self._log_abar[-1])).sqrt())
+
+    def _modified(self, abar: torch.Tensor) -> torch.Tensor:
+        """``abar`` after CogVideoX's SNR shift and zero-terminal-SNR rescale, in the order and float64 precision of
+        ``CogVideoXDDIMScheduler.__init__``."""
+        s = self.snr_shift_scale
+        abar = abar / (s + (1 - s) * abar)
+        if self.rescale_betas_zero_snr:
+            root = abar.sqrt()
+            first, last = root[0].clone(), root[-1].clone()
+            root = (root - last) * (first / (first - last))
+            root[-1] = 0.0  # exactly: (last - last) * scale
+            abar = root**2
+        return abar
+
+    def alphas_cumprod(self) -> torch.Tensor:
+        """``abar_k`` for the trained steps ``k = 0..N-1`` (float64): the diffusers schedulers' ``alphas_cumprod``."""
+        abar = self._log_abar[1:].exp()
+        if self.zero_terminal_snr:
+            abar[-1] = 0.0
+        return abar
 
     def prior_sample(self, shape: tuple[int, ...], device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                      generator: RandomSource = None) -> torch.Tensor:
@@ -278,19 +319,44 @@ class DiscreteVPScheduler(NoiseScheduler):
         value = table[left] + (position - left) * (table[left + 1] - table[left])
         return value.to(t.dtype), slope.to(t.dtype)
 
+    def _alpha_last_segment(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """With zero terminal SNR: ``(on the last segment, alpha there, d alpha / dt there)``, ``alpha`` linear
+        from ``sqrt(abar_{N-1})`` at ``t = (N - 1) / N`` to 0 at ``t = 1``."""
+        n = self.num_train_timesteps
+        position = (t.double() * n).clamp(0, n)
+        knot = float((0.5 * self._log_abar[n - 1]).exp())
+        last = position >= n - 1
+        return last, (knot * (n - position)).to(t.dtype), torch.full_like(t, -knot * n)
+
     def alpha(self, t: torch.Tensor) -> torch.Tensor:
-        return (0.5 * self._log_abar_and_slope(t)[0]).exp()
+        alpha = (0.5 * self._log_abar_and_slope(t)[0]).exp()
+        if self.zero_terminal_snr:
+            last, value, _ = self._alpha_last_segment(t)
+            alpha = torch.where(last, value, alpha)
+        return alpha
 
     def sigma(self, t: torch.Tensor) -> torch.Tensor:
-        return (-torch.expm1(self._log_abar_and_slope(t)[0])).clamp(min=0).sqrt()
+        sigma = (-torch.expm1(self._log_abar_and_slope(t)[0])).clamp(min=0).sqrt()
+        if self.zero_terminal_snr:
+            last, value, _ = self._alpha_last_segment(t)
+            sigma = torch.where(last, (1 - value**2).clamp(min=0).sqrt(), sigma)
+        return sigma
 
     def d_alpha(self, t: torch.Tensor) -> torch.Tensor:
         log_abar, slope = self._log_abar_and_slope(t)
-        return 0.5 * slope * (0.5 * log_abar).exp()
+        d_alpha = 0.5 * slope * (0.5 * log_abar).exp()
+        if self.zero_terminal_snr:
+            last, _, derivative = self._alpha_last_segment(t)
+            d_alpha = torch.where(last, derivative, d_alpha)
+        return d_alpha
 
     def d_sigma(self, t: torch.Tensor) -> torch.Tensor:
         log_abar, slope = self._log_abar_and_slope(t)
-        return -0.5 * slope * log_abar.exp() / (-torch.expm1(log_abar)).clamp(min=0).sqrt()
+        d_sigma = -0.5 * slope * log_abar.exp() / (-torch.expm1(log_abar)).clamp(min=0).sqrt()
+        if self.zero_terminal_snr:
+            last, value, derivative = self._alpha_last_segment(t)
+            d_sigma = torch.where(last, -value * derivative / (1 - value**2).clamp(min=1e-12).sqrt(), d_sigma)
+        return d_sigma
 
     def sample_t(self, n: int, device: torch.device | str = "cpu", generator: RandomSource = None) -> torch.Tensor:
         # a standard normal through its CDF is uniform on (0, 1): the keyed streams provide normals

@@ -6,6 +6,9 @@ generator, in the latents' layout ``(C, H, W)`` (SD, Flux before packing) or ``(
 students then re-noise between steps (``x0``, then fresh noise at the next time): the scheduler draws that noise,
 
 * SD (``StableDiffusionPipeline`` hands its generator to the scheduler): per prompt from its generator again;
+* CogVideoX (``CogVideoXPipeline`` hands its generator to a scheduler whose ``step`` takes one): the same, but in
+  its frame-major layout ``(F, C, H, W)`` (``prepare_latents``; the scheduler steps those latents), transposed to
+  fastgen's ``(C, F, H, W)``;
 * Flux, Wan and Qwen-Image (their pipelines call ``scheduler.step`` without the generator): from **torch's global
   generator**, one draw for the whole batch, in the layout the scheduler sees - Flux's and Qwen-Image's packed
   ``(B, H/2 * W/2, 4 C)`` tokens. (Qwen-Image's ``prepare_latents`` draws ``(1, C, H, W)`` per prompt - a frame
@@ -22,9 +25,11 @@ import torch
 from fastgen.networks.diffusers_nets import pack_flux_latents, unpack_flux_latents
 
 # families whose pipelines pass their generator to the scheduler's step (else the step draws from the global one)
-STEP_TAKES_GENERATOR = {"sd": True, "sdxl": True, "flux": False, "wan": False, "qwenimage": False}
+STEP_TAKES_GENERATOR = {"sd": True, "sdxl": True, "flux": False, "wan": False, "qwenimage": False, "cogvideox": True}
 # families whose schedulers step packed 2x2-patch tokens (the global draw is made in that layout)
 PACKED_LATENTS = ("flux", "qwenimage")
+# families whose pipelines hold video latents frame major, (B, F, C, H, W): their draws are made in that order
+FRAME_MAJOR = ("cogvideox",)
 
 
 def seeded(seeds: Sequence[int]) -> list[torch.Generator]:
@@ -46,6 +51,10 @@ class PipelineNoise:
         self._global = torch.Generator().manual_seed(int(global_seed))
 
     def _per_sample(self, shape: Sequence[int]) -> torch.Tensor:
+        if self.family in FRAME_MAJOR and len(shape) == 4:  # (C, F, H, W) drawn as the pipeline's (F, C, H, W)
+            c, f, h, w = shape
+            return torch.cat([torch.randn((1, f, c, h, w), generator=g, device="cpu", dtype=self.dtype)
+                              for g in self.generators]).transpose(1, 2).contiguous()
         return torch.cat([torch.randn((1, *shape), generator=g, device="cpu", dtype=self.dtype)
                           for g in self.generators])
 

@@ -5,8 +5,8 @@ latents and any re-noising are drawn as the pipeline draws them (``fastgen.pipel
 ``torch.Generator().manual_seed(seeds[i])``); the network samples with its own rule - a distilled student with its
 method's ``generate`` (the sampler it was trained with), a teacher or a fine-tuned model with the DDIM ODE over its
 grid and classifier-free guidance against the negative prompt's embedding (``u + s (c - u)``, Ho & Salimans 2022,
-Eq. 6; Qwen-Image's rescaled to the conditional velocity's norm, as its pipeline's ``true_cfg_scale``) - and the
-codec decodes. Pixels become 8-bit exactly as diffusers' image processor makes them
+Eq. 6; Qwen-Image's rescaled to the conditional velocity's norm, as its pipeline's ``true_cfg_scale``; CogVideoX's
+plain, as its pipeline's default ``use_dynamic_cfg=False``) - and the codec decodes. Pixels become 8-bit exactly as diffusers' image processor makes them
 (``round(255 clamp(x / 2 + 1/2, 0, 1))``), so an exported pipeline reproduces the files bit for bit up to
 floating-point order.
 """

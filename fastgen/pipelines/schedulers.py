@@ -22,6 +22,10 @@ wan        as flux; ``WanPipeline`` takes no ``sigmas``: the grid      as renois
            comes from ``num_inference_steps`` and ``shift_terminal``
 qwenimage  as flux (``sigmas``: the times, no dynamic shift)           as renoise; guidance is the pipeline's
                                                                        ``true_cfg_scale`` against ``""``
+cogvideox  ``LCMScheduler`` as sd, its ``trained_betas`` those of      ``CogVideoXDDIMScheduler`` with the model's
+           CogVideoX's ``alphas_cumprod`` (SNR shift, zero terminal    own schedule, "trailing": its grid comes
+           SNR: LCM has neither)                                       from ``num_inference_steps`` (it steps
+                                                                       ``t -> t - N // n``)
 =========  ==========================================================  ============================================
 
 The exported schedulers never shift: fastgen's times already are the shifted ones (Qwen-Image's network samples
@@ -106,6 +110,9 @@ def _sd(plan: SamplingPlan, schedule: Any) -> DiffusersSampling:
 
     if not isinstance(schedule, DiscreteVPScheduler):
         raise UsageError(f"an SD pipeline samples the discrete VP schedule; this network has {type(schedule).__name__}")
+    if schedule.snr_shift_scale != 1.0 or schedule.rescale_betas_zero_snr:
+        raise UsageError("an SD pipeline's schedulers have no SNR shift or zero-terminal-SNR rescale (CogVideoX's); "
+                         "this network's schedule has them")
     import diffusers
 
     n = schedule.num_train_timesteps
@@ -162,6 +169,48 @@ def _flow(plan: SamplingPlan, schedule: Any, family: str, backbone: Any) -> Diff
     return DiffusersSampling(scheduler, call, global_seed=stochastic and n > 1)
 
 
+def _cogvideox(plan: SamplingPlan, schedule: Any) -> DiffusersSampling:
+    """``CogVideoXPipeline``: it guides with plain CFG only above 1 (``guidance_scale``, default 6: always passed), and
+    hands its generator to the scheduler's ``step`` when it takes one (LCM's re-noising; ``fastgen.pipelines.noise``)."""
+    from fastgen.networks.noise_schedules import DiscreteVPScheduler
+
+    if not isinstance(schedule, DiscreteVPScheduler):
+        raise UsageError(f"a CogVideoX pipeline samples the discrete VP schedule; this network has "
+                         f"{type(schedule).__name__}")
+    if plan.guidance < 1.0:
+        raise UsageError(f"guidance {plan.guidance}: CogVideoXPipeline applies guidance_scale only above 1")
+    import diffusers
+    import torch
+
+    n = schedule.num_train_timesteps
+    prediction = {"eps": "epsilon", "v": "v_prediction"}[schedule.native_pred_type]
+    timesteps = _discrete_timesteps(plan.times, n)
+    call: dict[str, Any] = {"guidance_scale": plan.guidance}
+    if plan.sampler == "renoise":
+        abar = schedule.alphas_cumprod()
+        betas = (1.0 - abar / torch.cat([abar.new_ones(1), abar[:-1]])).tolist()  # abar_k = prod_{j <= k} (1 - beta_j)
+        scheduler = diffusers.LCMScheduler(num_train_timesteps=n, trained_betas=betas, prediction_type=prediction,
+                                           original_inference_steps=n, clip_sample=False, set_alpha_to_one=True,
+                                           timestep_scaling=LCM_TIMESTEP_SCALING)
+        call["timesteps"] = timesteps
+        return DiffusersSampling(scheduler, call)
+    config = {"num_train_timesteps": n, "beta_start": schedule.beta_start, "beta_end": schedule.beta_end,
+              "beta_schedule": schedule.beta_schedule, "prediction_type": prediction,
+              "snr_shift_scale": schedule.snr_shift_scale, "rescale_betas_zero_snr": schedule.rescale_betas_zero_snr,
+              "timestep_spacing": "trailing", "set_alpha_to_one": True, "clip_sample": False, "steps_offset": 0}
+    scheduler = diffusers.CogVideoXDDIMScheduler(**config)
+    steps = len(timesteps)
+    scheduler.set_timesteps(steps)
+    grid = scheduler.timesteps.tolist()
+    reached = [t - n // steps for t in grid]  # CogVideoXDDIMScheduler.step's prev_timestep
+    if grid != timesteps or reached[:-1] != grid[1:] or reached[-1] >= 0:
+        raise UsageError(f"CogVideoXDDIMScheduler sets its timesteps from num_inference_steps alone and steps from t "
+                         f"to t - {n} // {steps}: the timesteps {timesteps} are not that chain (it would evaluate "
+                         f"{grid}); choose a step count that divides {n}")
+    call["num_inference_steps"] = steps
+    return DiffusersSampling(diffusers.CogVideoXDDIMScheduler(**config), call)
+
+
 def diffusers_sampling(family: str, plan: SamplingPlan, net: Any) -> DiffusersSampling:
     """The scheduler and call arguments with which the ``family``'s pipeline samples ``net`` (a ``DiffusionNet``)
     as ``plan`` says."""
@@ -173,6 +222,8 @@ def diffusers_sampling(family: str, plan: SamplingPlan, net: Any) -> DiffusersSa
         return _sd(plan, schedule)
     if family in ("flux", "wan", "qwenimage"):
         return _flow(plan, schedule, family, backbone)
+    if family == "cogvideox":
+        return _cogvideox(plan, schedule)
     raise UsageError(f"no diffusers export for the family {family!r}")
 
 

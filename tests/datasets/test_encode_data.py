@@ -247,6 +247,46 @@ def test_videos_become_frames_and_video_latents(wan_weights: Path, weights: Path
     assert wrong.returncode == 2 and "1 + 4 k frames" in wrong.stderr, wrong.stderr
 
 
+
+def test_cogvideox_videos_become_frame_latents(tmp_path: Path) -> None:
+    """CogVideoX: 5 frames at stride 2 of a clip -> ``(C, 3, h, w)`` latents (the tiny VAE halves time) equal to the
+    codec's, i.e. ``scaling_factor`` times the VAE's mode, channel major; text of 226 T5 tokens; ``--frames`` off
+    the VAE's ``1 + k n`` is one line naming CogVideoX."""
+    from tiny_pipelines import tiny_family_pipeline
+
+    from fastgen.configs.instantiate import instantiate
+    from fastgen.configs.net_diffusers import TINY_COGVIDEOX, cogvideox_transformer
+    from fastgen.datasets.sources import center_crop_resize_array
+    from fastgen.networks.codecs import load_codec
+    from fastgen.pipelines.media import read_mp4, write_mp4
+
+    torch.manual_seed(0)
+    weights = tmp_path / "cogvideox"
+    tiny_family_pipeline("cogvideox", instantiate(cogvideox_transformer(TINY_COGVIDEOX)).backbone.model).save_pretrained(weights)
+    src = tmp_path / "clips"
+    src.mkdir()
+    write_mp4(src / "clip.mp4", np.random.default_rng(0).integers(0, 256, (11, 20, 24, 3), dtype=np.uint8), fps=8)
+    (src / "clip.txt").write_text("a clip")
+    dst = tmp_path / "out"
+    result = run_cli("encode-data", str(src), str(dst), "--weights", str(weights), "--resolution", "16",
+                     "--frames", "5", "--frame-stride", "2", "--device", "cpu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    index = json.loads((dst / "index.json").read_text())
+    assert index["family"] == "cogvideox" and index["samples"] == 1 and index["latent_shape"] == [1, 3, 8, 8]
+    found = members(dst / "shard-000000.tar")
+    frames = np.stack([center_crop_resize_array(f, 16) for f in read_mp4(src / "clip.mp4")[0:9:2]])
+    video = torch.from_numpy(frames).permute(3, 0, 1, 2)[None].float() / 127.5 - 1
+    codec = load_codec(weights)
+    expected = codec.encode_images(video)[0]
+    with torch.no_grad():
+        raw = codec.vae.encode(video).latent_dist.mode()[0]
+    torch.testing.assert_close(expected, raw * codec.vae.config.scaling_factor)
+    torch.testing.assert_close(torch.from_numpy(npy(found["000000000.latent.npy"])), expected, atol=1e-5, rtol=1e-5)
+    assert npy(found["000000000.text.npy"]).shape == (226, 16)
+    wrong = run_cli("encode-data", str(src), str(tmp_path / "w"), "--weights", str(weights), "--frames", "4",
+                    cwd=tmp_path)
+    assert wrong.returncode == 2 and "CogVideoX's VAE encodes 1 + 2 k frames" in wrong.stderr, wrong.stderr
+
 def test_shards_are_written_to_s3_and_a_rerun_keeps_them(weights: Path, tmp_path: Path, s3_server) -> None:  # noqa: ANN001
     """DST s3://: every file lands in S3 byte for byte as a local DST gets it (tars before their sidecars); a
     re-run finds the sidecars there and rewrites nothing; no scratch copy is left."""

@@ -1,4 +1,5 @@
-"""The recipes for real diffusers-backed models (``SD/`` 1.5 and XL, ``Flux/``, ``Wan/``, ``QwenImage/``): without
+"""The recipes for real diffusers-backed models (``SD/`` 1.5 and XL, ``Flux/``, ``Wan/``, ``QwenImage/``,
+``CogVideoX/``): without
 their weights folder ``fastgen train`` is one line naming ``model.pretrained_model_path`` (exit 2, no run
 directory); with it but without the encoded prompts, one line naming that file. (Loading, validation, dry runs and config.yaml
 round-trips of every recipe: tests/configs/test_recipes.py; the networks themselves, trained on digits from
@@ -13,7 +14,8 @@ from fastgen_testing import run_cli
 
 RECIPES = {"SD/config_dmd2_sd15": "sd15", "SD/config_dmd2_sdxl": "sdxl", "SD/config_sft_sdxl": "sdxl",
            "Flux/config_dmd2_flux": "flux1_dev", "Wan/config_dmd2_wan": "wan21_t2v_1_3b",
-           "QwenImage/config_dmd2_qwenimage": "qwen_image", "QwenImage/config_sft_qwenimage": "qwen_image"}
+           "QwenImage/config_dmd2_qwenimage": "qwen_image", "QwenImage/config_sft_qwenimage": "qwen_image",
+           "CogVideoX/config_dmd2_cogvideox": "cogvideox_5b", "CogVideoX/config_sft_cogvideox": "cogvideox_5b"}
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -53,7 +55,8 @@ def create_config():
 '''
 # family: (network builder, its tiny config, the pipeline folder's subfolder)
 TINY_FAMILIES = {"flux": ("flux_transformer", "TINY_FLUX", "transformer"), "sdxl": ("sdxl_unet", "TINY_SDXL_UNET", "unet"),
-                 "qwenimage": ("qwenimage_transformer", "TINY_QWEN_IMAGE", "transformer")}
+                 "qwenimage": ("qwenimage_transformer", "TINY_QWEN_IMAGE", "transformer"),
+                 "cogvideox": ("cogvideox_transformer", "TINY_COGVIDEOX", "transformer")}
 
 
 @pytest.mark.slow

@@ -172,18 +172,21 @@ def test_the_recipe_trains_and_samples_with_any_step_count(tmp_path: Path, monke
         assert out.is_file()
 
 
-@pytest.mark.parametrize("family", ["sd", "sdxl", "flux", "wan", "qwenimage"])
+@pytest.mark.parametrize("family", ["sd", "sdxl", "flux", "wan", "qwenimage", "cogvideox"])
 def test_diffusers_backbones_widen_in_their_layout(family: str) -> None:
     """The diffusers-backed networks (tiny random configs of the real classes): widened into 3 heads, every head
     equals the network; changing head 1's rows of the projection changes head 1's prediction only - the layout
-    (channel major for a convolution or Flux's / Qwen-Image's packed tokens, patch major for Wan) puts each head's rows where
+    (channel major for a convolution, Flux's / Qwen-Image's packed tokens and CogVideoX's ``(channel, p, p)`` rows,
+    patch major for Wan) puts each head's rows where
     the code after the projection reads that head's channels."""
     from fastgen.configs.net_diffusers import (
+        TINY_COGVIDEOX,
         TINY_FLUX,
         TINY_QWEN_IMAGE,
         TINY_SD_UNET,
         TINY_SDXL_UNET,
         TINY_WAN,
+        cogvideox_transformer,
         flux_transformer,
         qwenimage_transformer,
         sd_unet,
@@ -196,7 +199,8 @@ def test_diffusers_backbones_widen_in_their_layout(family: str) -> None:
              "sdxl": lambda: sdxl_unet(TINY_SDXL_UNET, vae_scale_factor=2, num_prompts=4),
              "flux": lambda: flux_transformer(TINY_FLUX, num_prompts=4),
              "wan": lambda: wan_transformer(TINY_WAN, num_prompts=4),
-             "qwenimage": lambda: qwenimage_transformer(TINY_QWEN_IMAGE, num_prompts=4, image_seq_len=16)}[family]
+             "qwenimage": lambda: qwenimage_transformer(TINY_QWEN_IMAGE, num_prompts=4, image_seq_len=16),
+             "cogvideox": lambda: cogvideox_transformer(TINY_COGVIDEOX, num_prompts=4)}[family]
     torch.manual_seed(0)
     net = instantiate(build())
     x, t, y = torch.randn(2, 1, 8, 8), torch.tensor([0.7, 0.3]), torch.tensor([0, 3])

@@ -1,4 +1,4 @@
-"""Codecs against diffusers itself (issue 34, point 1): for SD 1.5, SDXL, Flux, Wan and Qwen-Image, a tiny random pipeline of the real
+"""Codecs against diffusers itself (issue 34, point 1): for SD 1.5, SDXL, Flux, Wan, Qwen-Image and CogVideoX, a tiny random pipeline of the real
 diffusers / transformers classes (tokenizers built here from vocabularies, no downloads) is saved as a folder;
 ``load_codec`` reads it back, and its prompt embeddings equal the pipeline's ``encode_prompt``, its latents the
 pipeline's normalisation of ``vae.encode``, and its decoding of the pipeline's own final latents the image (or video)
@@ -23,6 +23,7 @@ from tiny_pipelines import (
     clip_encoder,
     clip_tokenizer,
     t5_tokenizer,
+    tiny_cogvideox_pipeline,
     tiny_qwenimage_pipeline,
     tiny_sd_pipeline,
     tiny_sdxl_pipeline,
@@ -35,8 +36,22 @@ from transformers import (
     UMT5EncoderModel,
 )
 
-from fastgen.configs.net_diffusers import TINY_FLUX, TINY_QWEN_IMAGE, TINY_SDXL_UNET, TINY_WAN
-from fastgen.networks.codecs import FluxCodec, QwenImageCodec, SDCodec, SDXLCodec, WanCodec, load_codec
+from fastgen.configs.net_diffusers import (
+    TINY_COGVIDEOX,
+    TINY_FLUX,
+    TINY_QWEN_IMAGE,
+    TINY_SDXL_UNET,
+    TINY_WAN,
+)
+from fastgen.networks.codecs import (
+    CogVideoXCodec,
+    FluxCodec,
+    QwenImageCodec,
+    SDCodec,
+    SDXLCodec,
+    WanCodec,
+    load_codec,
+)
 
 PROMPTS = ["a red cat", "two dogs on a hill at night"]
 
@@ -228,6 +243,47 @@ def test_qwenimage(tmp_path: Path) -> None:
     ours = (codec.decode_latents(latents) / 2 + 0.5).clamp(0, 1)
     assert ours.shape == image.shape == (1, 3, 16, 16)
     torch.testing.assert_close(ours, image, atol=1e-6, rtol=0)
+
+
+def test_cogvideox(tmp_path: Path) -> None:
+    """T5's last states of the prompt padded to 226 tokens without an attention mask (``_get_t5_prompt_embeds``),
+    the negative prompt "" encoded the same way; the 3-D VAE's mode times ``scaling_factor`` (the video-to-video
+    pipeline's latents, channel major), an image one frame; decoding the pipeline's own final (frame-major) latents
+    gives its video."""
+    from diffusers import CogVideoXPipeline, CogVideoXTransformer3DModel
+
+    torch.manual_seed(0)
+    z = 4
+    transformer = CogVideoXTransformer3DModel(**{**TINY_COGVIDEOX, "in_channels": z, "out_channels": z})
+    pipe, folder = saved(tiny_cogvideox_pipeline(transformer, latent_channels=z), tmp_path / "cogvideox")
+    assert isinstance(pipe, CogVideoXPipeline)
+    codec = load_codec(folder)
+    assert isinstance(codec, CogVideoXCodec) and not any(p.requires_grad for p in codec.parameters())
+
+    with torch.no_grad():
+        text, negative = pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=True, device="cpu")
+    encoded = codec.encode_prompts(PROMPTS)
+    assert encoded["text"].shape == (2, 226, 16) and torch.equal(encoded["text"], text)
+    assert encoded["text"][:, -1].abs().sum() > 0  # the padding tokens are encoded (no mask), not zeros
+    assert torch.equal(codec.condition(codec.encode_negative(["", ""])), negative)
+    short = CogVideoXCodec(codec.vae, max_sequence_length=12, **codec.tokenizers, **codec.encoders)
+    with torch.no_grad():
+        twelve = pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=False, max_sequence_length=12, device="cpu")[0]
+    assert torch.equal(short.encode_prompts(PROMPTS)["text"], twelve)
+
+    video = pixels(1, 3, 5, 16, 16)
+    with torch.no_grad():
+        raw = pipe.vae.encode(video).latent_dist.mode()
+    assert torch.equal(codec.encode_images(video), raw * pipe.vae.config.scaling_factor)
+    assert codec.encode_images(pixels(2, 3, 16, 16)).shape == (2, z, 1, 8, 8)  # an image is one frame
+
+    call = {"prompt": PROMPTS[:1], "num_inference_steps": 2, "height": 16, "width": 16, "num_frames": 5,
+            "guidance_scale": 1.0}
+    latents = pipe(**call, output_type="latent", generator=torch.Generator().manual_seed(3)).frames  # (B, F, C, h, w)
+    frames = pipe(**call, output_type="pt", generator=torch.Generator().manual_seed(3)).frames  # (B, F, C, H, W)
+    ours = (codec.decode_latents(latents.transpose(1, 2)) / 2 + 0.5).clamp(0, 1).transpose(1, 2)
+    assert ours.shape == frames.shape == (1, 5, 3, 16, 16)
+    torch.testing.assert_close(ours, frames, atol=1e-6, rtol=0)
 
 
 def test_a_folder_that_is_not_a_pipeline_is_one_line(tmp_path: Path) -> None:

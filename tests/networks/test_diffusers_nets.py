@@ -1,5 +1,5 @@
-"""diffusers-backed networks (``fastgen.networks.diffusers_nets``): SD-style U-Net, Flux-, Wan- and Qwen-Image-style
-transformers built from tiny random configs (no weight downloads), in the network contract; SD's discrete VP
+"""diffusers-backed networks (``fastgen.networks.diffusers_nets``): SD-style U-Net, Flux-, Wan-, Qwen-Image- and
+CogVideoX-style transformers built from tiny random configs (no weight downloads), in the network contract; SD's discrete VP
 schedule against diffusers' own; weights from ``model.pretrained_model_path``; SFT and DMD2 on digits."""
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ from omegaconf import DictConfig
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.configs.net_diffusers import (
+    TINY_COGVIDEOX,
     TINY_FLUX,
     TINY_QWEN_IMAGE,
     TINY_SD_UNET,
     TINY_SDXL_UNET,
     TINY_WAN,
+    cogvideox_transformer,
     flux_transformer,
     qwenimage_transformer,
     sd_unet,
@@ -32,6 +34,7 @@ FAMILIES = {
     "flux": lambda **kw: flux_transformer(TINY_FLUX, **kw),
     "wan": lambda **kw: wan_transformer(TINY_WAN, **kw),
     "qwenimage": lambda **kw: qwenimage_transformer(TINY_QWEN_IMAGE, **{"image_seq_len": 16, **kw}),
+    "cogvideox": lambda **kw: cogvideox_transformer(TINY_COGVIDEOX, **kw),
 }
 
 
@@ -102,11 +105,21 @@ def test_it_is_the_wrapped_diffusers_model_called_as_its_pipeline_calls_it(famil
             tokens = model(hidden_states=packed, encoder_hidden_states=text, timestep=t,
                            img_shapes=[[(1, h // 2, w // 2)]] * b).sample
             want = tokens.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+        elif family == "cogvideox":  # the pipeline's call: frame-major latents, the step index, its rotary tables
+            from diffusers import CogVideoXPipeline
+
+            pipe = CogVideoXPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=model, scheduler=None)
+            # its pixel size: 8x8 latents at the default vae_scale_factor_spatial of 8 (no VAE here)
+            rotary = pipe._prepare_rotary_positional_embeddings(64, 64, 1, torch.device("cpu"))
+            want = model(hidden_states=x.unsqueeze(1), encoder_hidden_states=text, timestep=t * 1000 - 1,
+                         image_rotary_emb=rotary).sample.squeeze(1)
         else:
             want = model(x.unsqueeze(2), t * 1000, text).sample.squeeze(2)
         got = net(x, t, condition=y)
     if family in ("sd", "sdxl"):  # eps prediction converted to nothing: the native prediction is the model's
         assert net.native_pred_type == "eps"
+    if family == "cogvideox":
+        assert net.native_pred_type == "v"
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
 
 
@@ -261,6 +274,73 @@ def test_sd_schedule_is_diffusers_ddpm_schedule() -> None:
     drawn = ours.sample_t(1000, generator=torch.Generator().manual_seed(0)) * 1000
     assert torch.allclose(drawn, drawn.round()) and drawn.min() >= 1 and drawn.max() <= 1000
     assert ours.precondition(torch.tensor([1.0]))[3].item() == 999.0
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_cogvideox_schedule_is_its_schedulers(shift: float) -> None:
+    """CogVideoX-5b's (``snr_shift_scale`` 1) and 2b's (3) schedules: at the trained steps ``alpha^2`` is
+    ``CogVideoXDDIMScheduler``'s ``alphas_cumprod`` (the SNR shift, then zero terminal SNR: exactly 0 at the last
+    step); every quantity is finite on ``(0, 1]`` (the last segment's ``alpha`` falls linearly to 0) and the
+    derivatives are those of ``alpha`` and ``sigma``; ``v`` at ``t = 1`` is ``-x0``; the teacher ODE's DDIM step is
+    the scheduler's ``step``."""
+    from diffusers import CogVideoXDDIMScheduler
+
+    from fastgen.configs.instantiate import instantiate
+    from fastgen.configs.net_diffusers import COGVIDEOX_5B_SCHEDULER, cogvideox_schedule
+
+    config = {**COGVIDEOX_5B_SCHEDULER, "snr_shift_scale": shift}
+    theirs = CogVideoXDDIMScheduler(**config, timestep_spacing="trailing", clip_sample=False)
+    ours = instantiate(cogvideox_schedule(config))
+    assert ours.native_pred_type == "v" and ours.zero_terminal_snr
+    t = (torch.arange(1000, dtype=torch.float64) + 1) / 1000
+    torch.testing.assert_close(ours.alpha(t) ** 2, theirs.alphas_cumprod, atol=1e-12, rtol=0)
+    assert ours.alpha(t[-1:]).item() == 0.0 and ours.sigma(t[-1:]).item() == 1.0 and ours.prior_sample((3,)).std() > 0
+    grid = torch.linspace(1e-4, 1, 20001, dtype=torch.float64)
+    assert all(torch.isfinite(f(grid)).all() for f in (ours.alpha, ours.sigma, ours.d_alpha, ours.d_sigma))
+    torch.testing.assert_close(ours.alpha(grid) ** 2 + ours.sigma(grid) ** 2, torch.ones_like(grid))
+    s = torch.tensor([0.3004, 0.9983, 0.9996], dtype=torch.float64)  # the last two on the final segment
+    h = 1e-7
+    torch.testing.assert_close(ours.d_alpha(s), (ours.alpha(s + h) - ours.alpha(s - h)) / (2 * h), rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(ours.d_sigma(s), (ours.sigma(s + h) - ours.sigma(s - h)) / (2 * h), rtol=1e-5, atol=1e-8)
+    x0, x_t = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    one = torch.ones(2, dtype=torch.float64)
+    torch.testing.assert_close(ours.convert(-x0, x_t, one, "v", "x0"), x0)
+    theirs.set_timesteps(4)
+    v = torch.randn(2, 3, dtype=torch.float64)
+    for k, k_next in ((999, 749), (499, 249), (249, None)):
+        t_now, t_next = (k + 1) / 1000, 0.0 if k_next is None else (k_next + 1) / 1000
+        denoised = ours.convert(v, x_t, torch.full((2,), t_now, dtype=torch.float64), "v", "x0")
+        a, b = ours.ddim_coefficients(t_now, t_next)
+        torch.testing.assert_close(a * denoised + b * x_t, theirs.step(v, k, x_t).prev_sample)
+    assert DiscreteVPScheduler().alpha(t[-1:]).item() > 0  # SD's: untouched
+
+
+def test_cogvideox_2b_sincos_positions_and_a_meta_build() -> None:
+    """CogVideoX-2b's sincos positions (a non-persistent buffer of the model): the null condition is the pipeline's
+    text length of zero tokens; a video of 3 latent frames is the model's frame-major call; after a meta-device
+    build the buffer comes like any buffer outside the state dict (``broadcast_full_weights``) and the output is
+    the same. CogVideoX 1.5's ``patch_size_t`` is refused in one line."""
+    from fastgen.distributed.parallelize import broadcast_full_weights
+    from fastgen.utils.errors import UsageError
+
+    config = {**TINY_COGVIDEOX, "use_rotary_positional_embeddings": False, "in_channels": 2, "out_channels": 2}
+    torch.manual_seed(0)
+    net = instantiate(cogvideox_transformer(config))
+    x, t = torch.randn(2, 2, 3, 8, 8), torch.tensor([0.7, 0.2])  # 2 channels: (C, F) and (F, C) orders differ
+    model = net.backbone.model
+    with torch.no_grad():
+        out = net(x, t, condition=None)
+        want = model(hidden_states=x.transpose(1, 2), encoder_hidden_states=torch.zeros(2, 8, 16),
+                     timestep=t * 1000 - 1).sample.transpose(1, 2)
+    assert out.shape == x.shape and torch.allclose(out, want, atol=1e-6)
+    with torch.device("meta"):
+        meta = instantiate(cogvideox_transformer(config))
+    meta.to_empty(device="cpu")
+    broadcast_full_weights(meta, net)
+    with torch.no_grad():
+        assert torch.equal(meta(x, t, condition=None), out)
+    with pytest.raises(UsageError, match="patch_size_t=2"):
+        instantiate(cogvideox_transformer({**TINY_COGVIDEOX, "patch_size_t": 2}))
 
 
 def test_a_missing_diffusers_package_is_one_line_with_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,5 @@
 """From captions to a pipeline diffusers runs (issue 34, points 4 and 5), per family (SD 1.5, SDXL, Flux, Wan,
-Qwen-Image), on tiny
+Qwen-Image, CogVideoX), on tiny
 random pipelines of the real classes: 8 captioned images -> ``fastgen encode-data`` -> 2 DMD2 iterations of a
 2-step student (the real Trainer, reading the shards) -> ``fastgen sample --prompt`` -> ``fastgen convert-ckpt
 --to diffusers`` -> ``DiffusionPipeline.from_pretrained`` renders the files ``fastgen sample`` wrote. diffusers'
@@ -20,11 +20,13 @@ from PIL import Image
 from tiny_pipelines import tiny_family_pipeline
 
 from fastgen.configs.net_diffusers import (
+    TINY_COGVIDEOX,
     TINY_FLUX,
     TINY_QWEN_IMAGE,
     TINY_SD_UNET,
     TINY_SDXL_UNET,
     TINY_WAN,
+    cogvideox_transformer,
     flux_transformer,
     qwenimage_transformer,
     sd_unet,
@@ -35,9 +37,12 @@ from fastgen.configs.net_diffusers import (
 CAPTIONS = ["a red cat", "a blue dog", "two birds", "a green frog", "the sea", "a tall tree", "one fish", "a cloud"]
 PROMPTS = ["a red cat", "two dogs at night"]
 NETS = {"sd": (sd_unet, TINY_SD_UNET), "sdxl": (sdxl_unet, TINY_SDXL_UNET), "flux": (flux_transformer, TINY_FLUX),
-        "wan": (wan_transformer, TINY_WAN), "qwenimage": (qwenimage_transformer, TINY_QWEN_IMAGE)}
+        "wan": (wan_transformer, TINY_WAN), "qwenimage": (qwenimage_transformer, TINY_QWEN_IMAGE),
+        "cogvideox": (cogvideox_transformer, TINY_COGVIDEOX)}
 # the pipelines' own sizes for 8x8 latents: Wan's pipeline divides by the VAE config's 8, the others by 2 (tiny VAEs)
-PIXELS = {"sd": 16, "sdxl": 16, "flux": 16, "wan": 64, "qwenimage": 16}
+PIXELS = {"sd": 16, "sdxl": 16, "flux": 16, "wan": 64, "qwenimage": 16, "cogvideox": 16}
+# families whose pipelines make videos (one frame here: the latents of an image)
+VIDEO = ("wan", "cogvideox")
 # what a family's network is told beyond its architecture: Wan unshifted (see train_config), SDXL the tiny VAE's
 # scale (its default time ids are the sampled size in pixels), Qwen-Image the token count of 8x8 latents (its
 # pipeline's dynamic shift for that size)
@@ -84,7 +89,7 @@ def train_config(family: str, weights: Path, shards: Path, latent_shape: list[in
     return config
 
 
-@pytest.fixture(scope="module", params=["sd", "sdxl", "flux", "wan", "qwenimage"])
+@pytest.fixture(scope="module", params=["sd", "sdxl", "flux", "wan", "qwenimage", "cogvideox"])
 def family_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A tiny pipeline folder of the family, its encoded shards and a 2-iteration DMD2 run trained on them."""
     from fastgen.configs.instantiate import instantiate
@@ -126,7 +131,7 @@ def family_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         mask = np.load(io.BytesIO(members["000000000.text_mask.npy"]))
         assert text.shape == (512, 16) and 0 < mask.sum() < 512 and (np.abs(text).sum(-1) > 0).tolist() == mask.astype(bool).tolist()
     index = json.loads((shards / "index.json").read_text())
-    expected = [1, 1, 8, 8] if family == "wan" else [1, 8, 8]  # Wan's codec gives images one frame
+    expected = [1, 1, 8, 8] if family in VIDEO else [1, 8, 8]  # Wan's and CogVideoX's codecs give images one frame
     assert index["latent_shape"] == expected
     from fastgen.configs.config_utils import load_config
 
@@ -149,10 +154,10 @@ def pipeline_images(folder: Path, prompts: list[str], seeds: list[int], call: di
     if global_seed:
         torch.manual_seed(seeds[0])
     size = PIXELS[family]
-    extra = {"num_frames": 1} if family == "wan" else {}
+    extra = {"num_frames": 1} if family in VIDEO else {}
     out = pipe(prompts, generator=[torch.Generator().manual_seed(s) for s in seeds], height=size, width=size,
                output_type="np", **extra, **call)
-    images = out.frames[:, 0] if family == "wan" else out.images
+    images = out.frames[:, 0] if family in VIDEO else out.images
     return (images * 255).round().astype(np.uint8)
 
 
@@ -180,7 +185,8 @@ def test_captions_to_a_pipeline_diffusers_runs(family_run: dict[str, Any], tmp_p
     assert exported.returncode == 0, exported.stderr[-2000:]
     info = json.loads((export / "fastgen_export.json").read_text())
     assert info["family"] == family and info["network"] == "ema" and info["times"] == [1.0, 0.5]
-    assert info["global_seed"] == (family not in ("sd", "sdxl"))  # Flux / Wan / Qwen-Image re-noise from the global one
+    # Flux / Wan / Qwen-Image re-noise from the global generator; SD's and CogVideoX's schedulers take the pipeline's
+    assert info["global_seed"] == (family not in ("sd", "sdxl", "cogvideox"))
     card = (export / "README.md").read_text()
     assert "convert-ckpt" in card and "library_name: diffusers" in card and "fastgen_export.json" in card
 
@@ -203,20 +209,23 @@ def test_captions_to_a_pipeline_diffusers_runs(family_run: dict[str, Any], tmp_p
 
 def test_teacher_ode_sampling_with_guidance_equals_the_pipeline(family_run: dict[str, Any], tmp_path: Path) -> None:
     """The teacher over a 3-step grid with guidance 2 against the empty prompt: fastgen's DDIM ODE equals the
-    family's pipeline with the exported Euler scheduler (Wan: its grid from num_inference_steps and shift_terminal)."""
+    family's pipeline with the exported Euler scheduler (Wan: its grid from num_inference_steps and shift_terminal;
+    CogVideoX: 4 steps - its own DDIM scheduler steps t -> t - 1000 // n - with plain CFG)."""
     from fastgen.checkpoint.run import load_run, select_net
     from fastgen.networks.codecs import load_codec
     from fastgen.pipelines.export import export_diffusers
     from fastgen.pipelines.prompts import PromptSampler
 
     family, run = family_run["family"], load_run(family_run["run"])
+    steps = 4 if family == "cogvideox" else 3
     sampler = PromptSampler(run.model, select_net(run, "teacher"), "teacher", load_codec(family_run["weights"]),
-                            steps=3, guidance=2.0)
+                            steps=steps, guidance=2.0)
     ours = sampler.pixels(sampler.latents(PROMPTS, [1, 2], list(run.config.model.input_shape))).numpy()
-    if ours.ndim == 5:  # Wan: one-frame videos
+    if ours.ndim == 5:  # Wan, CogVideoX: one-frame videos
         ours = ours[:, 0]
-    info = export_diffusers(str(family_run["run"]), str(tmp_path / "teacher"), only="teacher", steps=3, guidance=2.0)
-    assert info["sampler"] == "ode" and info["scheduler"] in ("EulerDiscreteScheduler", "FlowMatchEulerDiscreteScheduler")
+    info = export_diffusers(str(family_run["run"]), str(tmp_path / "teacher"), only="teacher", steps=steps, guidance=2.0)
+    assert info["sampler"] == "ode" and info["scheduler"] in ("EulerDiscreteScheduler", "FlowMatchEulerDiscreteScheduler",
+                                                              "CogVideoXDDIMScheduler")
     theirs = pipeline_images(tmp_path / "teacher", PROMPTS, [1, 2], info["call"], family, False)
     difference = np.abs(theirs.astype(int) - ours.astype(int))
     assert difference.max() <= 1, difference.max()
@@ -265,6 +274,57 @@ def test_qwenimage_teacher_samples_as_its_own_pipeline(family_run: dict[str, Any
         del teacher.backbone.linear_guidance
     difference = (linear - unpack_flux_latents(theirs("latent", true_cfg_scale=6.0, negative_prompt=""), 8, 8)).abs()
     assert difference.max() > 1e-2, difference.max()
+
+
+@pytest.mark.parametrize("family_run", ["cogvideox"], indirect=True)
+def test_cogvideox_samples_videos_as_its_own_pipeline(family_run: dict[str, Any], tmp_path: Path) -> None:
+    """Videos of 3 latent frames (5 frames through the tiny VAE), where the pipeline's frame-major layout matters:
+    the teacher as CogVideoX's pipeline folder samples it, untouched - its CogVideoXDDIMScheduler (v prediction,
+    zero terminal SNR, trailing) over 4 and 5 steps, plain CFG 6 against "" and none - equals fastgen's teacher ODE
+    (final latents to 1e-4, frames to 1/255); the exported 2-step student (LCM re-noising from each prompt's
+    generator, drawn frame major) equals fastgen's student; a 3-step DDIM grid, which the scheduler cannot step,
+    is refused in one line."""
+    from diffusers import CogVideoXPipeline
+
+    from fastgen.checkpoint.run import load_run, select_net
+    from fastgen.networks.codecs import load_codec
+    from fastgen.pipelines.export import export_diffusers
+    from fastgen.pipelines.prompts import PromptSampler
+    from fastgen.utils.errors import UsageError
+
+    run = load_run(family_run["run"])
+    codec = load_codec(family_run["weights"])
+    shape = [1, 3, 8, 8]
+
+    def theirs(folder: Path, output_type: str, **call: Any) -> Any:
+        pipe = CogVideoXPipeline.from_pretrained(folder)
+        pipe.set_progress_bar_config(disable=True)
+        if output_type == "latent":  # the pipeline's (B, F, C, h, w) latents as fastgen's (B, C, F, h, w)
+            call = {**call, "output_type": "latent"}
+        generators = [torch.Generator().manual_seed(s) for s in (1, 2)]
+        out = pipe(PROMPTS, generator=generators, height=16, width=16, num_frames=5, **call,
+                   **({} if output_type == "latent" else {"output_type": "np"})).frames
+        return out.transpose(1, 2) if output_type == "latent" else (out * 255).round().astype(int)
+
+    pipe_folder = family_run["weights"]
+    assert json.loads((pipe_folder / "scheduler" / "scheduler_config.json").read_text())["rescale_betas_zero_snr"]
+    for steps, guidance in ((4, 6.0), (5, 1.0)):
+        sampler = PromptSampler(run.model, select_net(run, "teacher"), "teacher", codec, steps=steps, guidance=guidance)
+        latents = sampler.latents(PROMPTS, [1, 2], shape)
+        call = {"num_inference_steps": steps, "guidance_scale": guidance}
+        torch.testing.assert_close(latents, theirs(pipe_folder, "latent", **call), atol=1e-4, rtol=0)
+        frames = sampler.pixels(latents).numpy()
+        assert frames.shape == (2, 5, 16, 16, 3)
+        assert np.abs(theirs(pipe_folder, "np", **call) - frames.astype(int)).max() <= 1, steps
+
+    export = tmp_path / "student"
+    info = export_diffusers(str(family_run["run"]), str(export))
+    assert info["scheduler"] == "LCMScheduler" and info["call"] == {"guidance_scale": 1.0, "timesteps": [999, 499]}
+    student = PromptSampler(run.model, select_net(run, "ema"), "ema", codec)
+    latents = student.latents(PROMPTS, [1, 2], shape)
+    torch.testing.assert_close(latents, theirs(export, "latent", **info["call"]), atol=1e-4, rtol=0)
+    with pytest.raises(UsageError, match="choose a step count that divides 1000"):
+        export_diffusers(str(family_run["run"]), str(tmp_path / "three"), only="teacher", steps=3)
 
 
 @pytest.mark.parametrize("family_run", ["wan"], indirect=True)
@@ -377,7 +437,10 @@ def test_samplers_no_diffusers_scheduler_reproduces_are_refused() -> None:
     """Off-grid discrete times and methods with their own sampling rule (MeanFlow, TCM) are refused in one line."""
     from types import SimpleNamespace
 
-    from fastgen.networks.noise_schedules import DiscreteVPScheduler, RectifiedFlowScheduler
+    from fastgen.networks.noise_schedules import (
+        DiscreteVPScheduler,
+        RectifiedFlowScheduler,
+    )
     from fastgen.pipelines.schedulers import SamplingPlan, diffusers_sampling, plan_of
     from fastgen.utils.errors import UsageError
 
@@ -395,6 +458,27 @@ def test_samplers_no_diffusers_scheduler_reproduces_are_refused() -> None:
         diffusers_sampling("wan", SamplingPlan("ode", grid), SimpleNamespace(noise_scheduler=shifted, backbone=None))
     sampling = diffusers_sampling("sd", SamplingPlan("renoise", (1.0, 0.75, 0.5, 0.25)), net)
     assert sampling.call["timesteps"] == [999, 749, 499, 249] and type(sampling.scheduler).__name__ == "LCMScheduler"
+
+
+def test_cogvideox_noise_is_drawn_frame_major_as_its_pipeline_draws_it() -> None:
+    """``CogVideoXPipeline.prepare_latents`` draws ``(F, C, h, w)`` per prompt generator, and LCM's re-noising of
+    its frame-major latents the same: fastgen's ``(C, F, h, w)`` latents are those numbers transposed (3 channels,
+    2 frames - a channel-major draw would differ)."""
+    from diffusers import CogVideoXDDIMScheduler, CogVideoXPipeline
+    from diffusers.utils.torch_utils import randn_tensor
+
+    from fastgen.pipelines.noise import PipelineNoise, seeded
+
+    pipe = CogVideoXPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=None,
+                             scheduler=CogVideoXDDIMScheduler())  # no VAE: spatial factor 8, temporal 4
+    theirs = pipe.prepare_latents(2, 3, 5, 32, 32, torch.float32, "cpu", seeded([4, 7]))  # (2, F=2, C=3, 4, 4)
+    noise = PipelineNoise("cogvideox", seeded([4, 7]), global_seed=4)
+    ours = noise.initial((3, 2, 4, 4))
+    assert torch.equal(ours, theirs.transpose(1, 2))
+    generators = seeded([4, 7])
+    pipe.prepare_latents(2, 3, 5, 32, 32, torch.float32, "cpu", generators)
+    step_noise = randn_tensor(theirs.shape, generator=generators, device="cpu", dtype=torch.float32)  # LCM's step
+    assert torch.equal(noise.randn_like(ours), step_noise.transpose(1, 2))
 
 
 @pytest.mark.parametrize("family_run", ["sd"], indirect=True)

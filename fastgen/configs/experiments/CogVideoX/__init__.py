@@ -1,0 +1,1 @@
+"""Recipes for diffusers-backed CogVideoX models (need ``pip install 'fastgen[diffusers]'``)."""
