@@ -153,7 +153,7 @@ def test_every_rank_exits_at_the_same_steps(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """4 iterations straight, and 2 then a resumed 2: the same student, fake score and EMA, bit for bit (the
     rollout's noise and exit steps are keyed by sample and iteration, the caches rebuilt every rollout)."""
     from fastgen.checkpoint.checkpointer import load_checkpoint
@@ -174,10 +174,23 @@ def test_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
 
     run("straight", 4)
     run("resumed", 2)
-    caplog.clear()
-    with caplog.at_level("INFO"):
+    import logging
+
+    # a handler on fastgen's own logger: another test in this worker may have stopped it propagating to caplog
+    records: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("fastgen")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
         run("resumed", 4)
-    assert "resumed from" in caplog.text and "at iteration 2" in caplog.text
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    text = "\n".join(records)
+    assert "resumed from" in text and "at iteration 2" in text, text[-2000:]
     root = tmp_path / "fastgen" / "moving_digits"
     a = load_checkpoint(str(root / "straight" / "checkpoints" / "0000004.pth"))["model"]
     b = load_checkpoint(str(root / "resumed" / "checkpoints" / "0000004.pth"))["model"]
