@@ -165,8 +165,10 @@ class DMD2Model(DistillationModel):
         return [name for name in ("fake_score", "discriminator") if name in self.optimizers]
 
     # ---- pieces -------------------------------------------------------------------------------------------------
-    def generate_for_training(self, noise: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
-        """``G(z)`` with gradients through the last student evaluation only (backward simulation for k > 1)."""
+    def generate_for_training(self, noise: torch.Tensor, condition: torch.Tensor | None,
+                              real: torch.Tensor | None = None) -> torch.Tensor:
+        """``G(z)`` with gradients through the last student evaluation only (backward simulation for k > 1).
+        ``real`` is the step's data batch, for methods whose student starts from noised data (CausVid)."""
         times = self.student_times()
         if len(times) == 1:
             return self.generate(self.net, noise, condition, times)
@@ -290,7 +292,7 @@ class DMD2Model(DistillationModel):
 
     def student_step(self, real: torch.Tensor, condition: torch.Tensor | None,
                      noise: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        x = self.generate_for_training(noise, condition)
+        x = self.generate_for_training(noise, condition, real)
         vsd, loss_dict, x_t, t = self.distribution_matching_loss(x, condition)
         total = self.config.vsd_loss_weight * vsd
         if self.use_gan:
@@ -312,7 +314,7 @@ class DMD2Model(DistillationModel):
     def critic_step(self, real: torch.Tensor, condition: torch.Tensor | None,
                     noise: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         with torch.no_grad():
-            x = self.generate_for_training(noise, condition)
+            x = self.generate_for_training(noise, condition, real)
         scheduler = self.noise_scheduler
         groups = self.gan_groups(condition, x.shape[0], x.device)
         t = per_group(lambda n: scheduler.sample_t(n, device=x.device, generator=self.rng), groups,

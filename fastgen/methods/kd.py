@@ -131,19 +131,22 @@ class KDModel(DistillationModel):
         check_cache(path, self.student_times(), self.config.teacher_ckpt)
 
     # ---- the step -----------------------------------------------------------------------------------------------
-    def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def pairs_of(self, data: dict[str, Any], condition: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(noise, trajectory)`` of a batch: read from the pairs file's batch, or solved now by the teacher."""
         times = self.student_times()
-        condition = self.condition_of(data)
         if "trajectory" in data:
-            noise = data["noise"].to(self.precision)
             trajectory = data["trajectory"].to(self.precision)
             if trajectory.shape[1] != len(times):
                 raise ConfigError(f"the KD pairs hold {trajectory.shape[1]} trajectory points but model.t_list has "
                                   f"{len(times)} steps; rebuild the cache for this t_list")
-        else:
-            real = data["real"]
-            noise = self.sample_noise(real.shape[0], real)
-            trajectory = self.teacher_trajectory(noise, condition, times)
+            return data["noise"].to(self.precision), trajectory
+        noise = self.sample_noise(data["real"].shape[0], data["real"])
+        return noise, self.teacher_trajectory(noise, condition, times)
+
+    def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        times = self.student_times()
+        condition = self.condition_of(data)
+        noise, trajectory = self.pairs_of(data, condition)
         x = self.start_state(noise, times[0])
         losses = []
         x0 = x

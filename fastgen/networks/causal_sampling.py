@@ -12,9 +12,17 @@ positions).
 chunks at the context time, then the current one) and keeps the current chunk's output - what a block-causal
 network computes anyway, so both give the same video (``tests/networks/test_causal_dit.py``); it is the baseline of
 ``benchmarks/causal_cache.py``.
+
+``rollout_chunks`` is the few-step students' version (CausalKD, CausVid, Self-Forcing; ``fastgen.methods.causal``):
+each chunk goes through the student's own times - an ``x0`` estimate, then the method's move to the next time
+(fresh noise for CausVid and Self-Forcing, a deterministic DDIM step for CausalKD) - and may stop early at an
+*exit step* whose evaluation alone carries gradients (Self-Forcing's stochastic gradient truncation; Huang et al.
+2025, Sec. 3.2).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -78,4 +86,54 @@ def sample_chunks(net: nn.Module, noise: torch.Tensor, condition: torch.Tensor |
     return torch.cat(out, dim=2)
 
 
-__all__ = ["sample_chunks"]
+#: The move from one student time to the next: ``next_state(x0, x, t, t_next, noise) -> x_{t_next}`` (``x0``: the
+#: network's estimate at the state ``x`` of time ``t``; ``noise``: where fresh noise comes from).
+NextState = Callable[[torch.Tensor, torch.Tensor, float, float, RandomSource], torch.Tensor]
+
+
+def rollout_chunks(net: nn.Module, start: torch.Tensor, condition: torch.Tensor | None, times: Sequence[float],
+                   next_state: NextState, exits: Sequence[int] | None = None, context_time: float = 0.0,
+                   generator: RandomSource = None) -> torch.Tensor:
+    """A video from ``start`` (the states at ``times[0]``, ``(B, C, F, H, W)``), chunk by chunk with the KV cache.
+
+    Chunk ``c`` is evaluated at ``times[0], times[1], ...`` up to its exit step ``exits[c]`` (default: the last);
+    its output is that step's ``x0``. Only the exit step's evaluation runs with gradients (when they are enabled):
+    the earlier steps and the cache writes of finished chunks (at ``context_time``, clean when 0) run without, so
+    a training rollout back-propagates through one evaluation per chunk. The caches are cleared before and after."""
+    backbone = net.backbone
+    scheduler = net.noise_scheduler
+    chunk = int(backbone.chunk_frames)
+    batch, frames = start.shape[0], start.shape[2]
+    if frames % chunk:
+        raise ValueError(f"{frames} frames are not a whole number of the student's {chunk}-frame chunks")
+    stops = list(exits) if exits is not None else [len(times) - 1] * (frames // chunk)
+    if len(stops) != frames // chunk or any(not 0 <= s < len(times) for s in stops):
+        raise ValueError(f"exits {stops} must give one step in 0..{len(times) - 1} per chunk ({frames // chunk})")
+    source = as_noise_source(generator)
+    context = max(float(context_time), float(scheduler.t_min))
+    grad = torch.is_grad_enabled()
+    out: list[torch.Tensor] = []
+    backbone.clear_caches()
+    try:
+        for index, first in enumerate(range(0, frames, chunk)):
+            x = start[:, :, first:first + chunk]
+            x0 = x
+            for step in range(stops[index] + 1):
+                t = torch.full((batch,), float(times[step]), device=x.device, dtype=x.dtype)
+                with backbone.kv_cache("cond"), torch.set_grad_enabled(grad and step == stops[index]):
+                    x0 = net(x, t, condition=condition, fwd_pred_type="x0")
+                if step < stops[index]:
+                    with torch.no_grad():
+                        x = next_state(x0, x, float(times[step]), float(times[step + 1]), source)
+            out.append(x0)
+            if first + chunk < frames:  # the finished chunk into the cache at the context time
+                with torch.no_grad(), backbone.kv_cache("cond", write=True):
+                    t_ctx = torch.full((batch,), context, device=x.device, dtype=x.dtype)
+                    x_ctx = x0 if context == 0 else scheduler.add_noise(x0, source.randn_like(x0), t_ctx)
+                    net(x_ctx.detach(), t_ctx, condition=condition)
+    finally:
+        backbone.clear_caches()
+    return torch.cat(out, dim=2)
+
+
+__all__ = ["NextState", "rollout_chunks", "sample_chunks"]

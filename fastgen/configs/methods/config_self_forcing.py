@@ -8,14 +8,13 @@ from omegaconf import DictConfig
 
 from fastgen.configs.config import BaseConfig
 from fastgen.configs.instantiate import LazyCall
-from fastgen.configs.methods.config_dmd2 import DMD2ModelConfig
+from fastgen.configs.methods.config_causvid import CausVidModelConfig
 from fastgen.configs.schema import config_class
 
 
 @config_class
-class SelfForcingModelConfig(DMD2ModelConfig):
-    # the time at which a finished chunk is written into the KV cache: 0 (clean) or a small context noise level
-    context_time: float = 0.0
+class SelfForcingModelConfig(CausVidModelConfig):
+    """CausVid's fields (DMD2's and ``context_time``); only the way the student's training videos are made differs."""
 
 
 def _self_forcing_class() -> DictConfig:

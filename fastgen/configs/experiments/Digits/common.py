@@ -60,3 +60,36 @@ def decay_learning_rates(config: BaseConfig, max_iter: int, final_factor: float 
     config.model.fake_score_scheduler = linear_decay(max_iter - student_updates)
     config.model.discriminator_scheduler = linear_decay(max_iter - student_updates)
     return config
+
+
+def moving_digits_student(config: BaseConfig, max_iter: int = 1000, lr: float = 1e-4) -> BaseConfig:
+    """Fill in the setting of the causal video students on moving digits (CausalKD, CausVid, Self-Forcing): a
+    block-causal ``causal_video_dit`` student of 4 chunks of 2 frames, the bidirectional teacher (and fake score,
+    for methods that have one) of ``Digits/config_sft_video_dit_moving_digits`` read from ``video_teacher.pth``,
+    student times ``[1.0, 0.5]``, 25 Heun steps for the teacher, the train split at batch 32, an EMA (0.95) and
+    W&B (20-video grids every 500 iterations)."""
+    from fastgen.configs.callbacks import EMA_CALLBACK
+    from fastgen.configs.data import moving_digits_loader
+    from fastgen.configs.net_dit import causal_video_dit
+
+    config.model.net = causal_video_dit(causal=True)
+    config.model.teacher = causal_video_dit(causal=False)
+    if hasattr(config.model, "fake_score"):
+        config.model.fake_score = causal_video_dit(causal=False)
+    config.model.teacher_ckpt = "video_teacher.pth"
+    config.model.input_shape = [1, 8, 8, 16]
+    config.model.num_classes = 10
+    config.model.t_list = [1.0, 0.5]
+    config.model.sample_steps = 25
+    config.model.net_optimizer.lr = lr
+    config.model.use_ema = True
+    config.dataloader_train = moving_digits_loader(split="train", batch_size=32)
+    config.trainer.max_iter = max_iter
+    config.trainer.logging_iter = 100
+    config.trainer.save_ckpt_iter = 500
+    config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **EMA_CALLBACK, **WANDB_CALLBACK})
+    config.trainer.callbacks.ema.beta = 0.95
+    config.trainer.callbacks.wandb.sample_iter = 500
+    config.trainer.callbacks.wandb.num_samples = 20
+    config.log_config.group = "moving_digits"
+    return config
