@@ -33,8 +33,8 @@ Examples:
       --clip-model /weights/clip-vit-large-patch14
 
 \b
-Metrics: digits fd_digits (+ accuracy), toy energy_distance + sliced_wasserstein (SW_1, 256 projections),
-cifar10/imagenet fid, text-to-image fid and / or clip_score (100 * the cosine of CLIP's image and text
+Metrics: digits fd_digits (+ accuracy), moving_digits fd_per_frame, temporal_consistency (+ accuracy,
+averaged over frames), toy energy_distance + sliced_wasserstein (SW_1, 256 projections), cifar10/imagenet fid, text-to-image fid and / or clip_score (100 * the cosine of CLIP's image and text
 embeddings, at least 0, averaged; --clip-model: a local transformers CLIP folder). The data set is read
 from the file (fastgen sample records it) or from the shape; --dataset overrides. --inception-weights defaults to $FASTGEN_INCEPTION_WEIGHTS. Nothing is downloaded.
 """
@@ -42,7 +42,7 @@ from the file (fastgen sample records it) or from the shape; --dataset overrides
 
 def eval_samples(
     samples: str = typer.Argument(..., metavar="SAMPLES", help="An .npz of samples (arr_0, optional arr_1), a folder of them, a run directory (its samples/), or a `sample --prompt` folder."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="digits, toy:<name>, cifar10 or imagenet (default: detected).", show_default=False),
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="digits, moving_digits, toy:<name>, cifar10 or imagenet (default: detected).", show_default=False),
     inception_weights: Optional[str] = typer.Option(None, "--inception-weights", help="FID InceptionV3 state dict (default: $FASTGEN_INCEPTION_WEIGHTS).", show_default=False),
     ref_stats: Optional[str] = typer.Option(None, "--ref-stats", help="FID reference: .npz with mu/sigma, .npz of images, or an image folder.", show_default=False),
     clip_model: Optional[str] = typer.Option(None, "--clip-model", help="Text-to-image: a local transformers CLIP folder for the CLIP score.", show_default=False),
@@ -52,7 +52,7 @@ def eval_samples(
     json_path: Optional[str] = typer.Option(None, "--json", help="Also write the metrics as JSON to this path.", show_default=False),
     log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
-    """Score samples: FD (digits), energy / sliced Wasserstein distance (toy), FID (CIFAR-10, ImageNet)."""
+    """Score samples: FD (digits; per frame for moving digits), energy / sliced Wasserstein distance (toy), FID (CIFAR-10, ImageNet)."""
     from fastgen.utils.errors import UsageError
 
     setup_logging(log_level)

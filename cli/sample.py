@@ -27,6 +27,11 @@ Examples:
   fastgen sample s3://bucket/runs/fastgen/digits/dmd2 -c Digits/config_dmd2_digits --ema -o s3_student.npz
 
 \b
+  # 1000 videos of a causal video student (chunk by chunk), then per-frame FD, accuracy and temporal consistency
+  fastgen sample FASTGEN_OUTPUT/fastgen/moving_digits/config_self_forcing_moving_digits --ema -n 1000 -o sf.npz
+  fastgen eval sf.npz
+
+\b
   # a distilled student's teacher with 18 Heun steps; only digit 7; on the GPU
   fastgen sample runs/dmd2_digits --teacher --steps 18 --label 7 --device cuda
 
@@ -39,8 +44,9 @@ Examples:
   # its teacher, 25 ODE steps with guidance 5 against a negative prompt
   fastgen sample runs/dmd2_sd15 --teacher --steps 25 --guidance 5 --prompt "a red fox" --negative-prompt "blurry"
 
-Writes OUT.npz (arr_0: uint8 NHWC images, or float32 (N, 2) points for toy data; arr_1: labels of
-class-conditional models) and OUT.png (a grid of the first 100 images, one class per column, or a scatter plot).
+Writes OUT.npz (arr_0: uint8 NHWC images, uint8 (N, F, H, W, C) videos, or float32 (N, 2) points for toy data;
+arr_1: labels of class-conditional models) and OUT.png (a grid of the first 100 images, one class per column, or a
+scatter plot) - for videos OUT.gif and OUT.mp4 (the first 100 videos playing side by side).
 Default OUT: RUN_DIR/samples/sample_<iteration>_<net>_n<N>_seed<S>. The same --seed gives the same samples.
 
 With --prompt / --prompt-file: OUT is a folder (default RUN_DIR/samples/prompts_<iteration>_<net>_seed<S>) of
@@ -139,7 +145,7 @@ def sample(
         samples, labels = draw_samples(run.model, num_samples, seed=seed, batch_size=batch_size, net=net,
                                        steps=steps, label=label)
     elapsed = time.perf_counter() - start
-    npz, png = save_samples(target, samples, labels, dataset=dataset_of_config(run.config))
+    npz, previews = save_samples(target, samples, labels, dataset=dataset_of_config(run.config))
 
     from rich.markup import escape
 
@@ -147,7 +153,8 @@ def sample(
     c.print(f"[bold green]sampled[/bold green] {num_samples} from {which} of {escape(str(run.checkpoint))} "
             f"(iteration {run.iteration}, {elapsed:.1f} s)", soft_wrap=True)
     c.print(f"  npz  {escape(str(npz))}", soft_wrap=True)
-    c.print(f"  png  {escape(str(png))}", soft_wrap=True)
+    for preview in previews:
+        c.print(f"  {preview.suffix[1:]:<3}  {escape(str(preview))}", soft_wrap=True)
 
 
 def _read_prompts(prompt: Optional[list[str]], prompt_file: Optional[str]) -> list[str]:

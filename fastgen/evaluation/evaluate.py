@@ -2,10 +2,13 @@
 
 * ``load_sample_files(path)`` - an ``.npz`` written by ``fastgen sample`` (or any ``arr_0``/``arr_1`` file of the
   guided-diffusion convention), or a folder of them (concatenated in name order).
-* ``detect_dataset(arr_0, hint)`` - ``digits`` (uint8 8x8 grayscale), ``toy:<name>`` (float ``(N, 2)``; the name
+* ``detect_dataset(arr_0, hint)`` - ``digits`` (uint8 8x8 grayscale), ``moving_digits`` (uint8 videos of 8-row
+  grayscale frames), ``toy:<name>`` (float ``(N, 2)``; the name
   from the file's ``fastgen_dataset`` or the hint), ``cifar10`` (32x32 RGB), ``imagenet`` (other square RGB).
 * ``evaluate_arrays(arr_0, arr_1, dataset, ...)`` - the metrics of ``dataset``:
-  digits ``fd_digits`` (+ ``accuracy`` with labels, ``fastgen.evaluation.digits``); toy ``energy_distance`` and
+  digits ``fd_digits`` (+ ``accuracy`` with labels, ``fastgen.evaluation.digits``); moving_digits (uint8
+  ``(N, F, 8, W, 1)`` videos) ``fd_per_frame``, ``temporal_consistency`` (+ ``accuracy`` with labels,
+  ``fastgen.evaluation.moving_digits``); toy ``energy_distance`` and
   ``sliced_wasserstein`` (``fastgen.evaluation.toy``); cifar10/imagenet ``fid`` (``fastgen.evaluation.fid``,
   needs local Inception weights and reference statistics).
 * ``evaluate_model(model, n, seed, steps, net, dataset)`` - draw ``n`` samples from a model in memory and score
@@ -27,7 +30,7 @@ from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-DATASETS = ("digits", "toy:<name>", "cifar10", "imagenet")
+DATASETS = ("digits", "moving_digits", "toy:<name>", "cifar10", "imagenet")
 
 
 @dataclass
@@ -105,6 +108,7 @@ def detect_dataset(arr_0: np.ndarray, hint: str | None = None, recorded: str | N
     shape, dtype = tuple(arr_0.shape), arr_0.dtype
     points = arr_0.ndim == 2 and shape[1] == 2 and np.issubdtype(dtype, np.floating)
     digits = dtype == np.uint8 and (shape[1:] in ((8, 8), (8, 8, 1)))
+    moving = dtype == np.uint8 and arr_0.ndim == 5 and shape[2] == 8 and shape[4] == 1 and shape[3] >= 8
     rgb = dtype == np.uint8 and arr_0.ndim == 4 and shape[3] == 3 and shape[1] == shape[2]
     choice = hint or recorded
     if choice:
@@ -114,6 +118,10 @@ def detect_dataset(arr_0: np.ndarray, hint: str | None = None, recorded: str | N
             if choice == "toy":
                 raise UsageError("--dataset toy needs the distribution: toy:eight_gaussians, toy:checkerboard, ...")
             return f"toy:{_toy_name(choice.split(':', 1)[1])}"
+        if choice == "moving_digits":
+            if not moving:
+                raise UsageError(f"--dataset moving_digits: expected uint8 (N, F, 8, W, 1) videos, got {dtype} {shape}")
+            return choice
         if choice == "digits":
             if not digits:
                 raise UsageError(f"--dataset digits: expected uint8 (N, 8, 8, 1) images, got {dtype} {shape}")
@@ -125,6 +133,8 @@ def detect_dataset(arr_0: np.ndarray, hint: str | None = None, recorded: str | N
         raise UsageError(f"unknown dataset {choice!r}; choose one of {', '.join(DATASETS)}")
     if digits:
         return "digits"
+    if moving:
+        return "moving_digits"
     if points:
         raise UsageError("2-D points: name the toy distribution with --dataset toy:<name> (eight_gaussians, "
                          "checkerboard, two_moons, swiss_roll)")
@@ -145,6 +155,14 @@ def evaluate_arrays(arr_0: np.ndarray, arr_1: np.ndarray | None, dataset: str, s
         from fastgen.evaluation.digits import frechet_distance_digits
 
         metrics: dict[str, Any] = frechet_distance_digits(arr_0, arr_1)
+    elif dataset == "moving_digits":
+        check_fd_sample_count(len(arr_0), "digits")
+        import torch
+
+        from fastgen.evaluation.moving_digits import score_videos
+
+        videos = torch.from_numpy(np.ascontiguousarray(arr_0)).float().div(127.5).sub(1.0).permute(0, 4, 1, 2, 3)
+        metrics = score_videos(videos, arr_1)
     elif dataset.startswith("toy:"):
         from fastgen.evaluation.toy import toy_metrics
 

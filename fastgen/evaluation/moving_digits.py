@@ -50,24 +50,29 @@ def reference_statistics(frames: int, width: int) -> tuple[np.ndarray, np.ndarra
     return feature_statistics(features)
 
 
-def score_videos(videos: Any, labels: Any) -> dict[str, float]:
-    """``fd_per_frame``, ``accuracy``, ``temporal_consistency`` (module docstring) of ``(N, 1, F, 8, W)`` videos."""
+def score_videos(videos: Any, labels: Any = None) -> dict[str, float]:
+    """``fd_per_frame``, ``accuracy`` (with ``labels``), ``temporal_consistency`` (module docstring) and
+    ``num_samples`` of ``(N, 1, F, 8, W)`` videos in ``[-1, 1]``."""
     from fastgen.evaluation.digits import classifier_outputs
     from fastgen.evaluation.frechet import frechet_distance_to_statistics
 
     videos = torch.as_tensor(videos)
-    labels = np.asarray(labels).reshape(-1)
     n, _, frames, _, width = videos.shape
-    if labels.shape[0] != n:
-        raise ValueError(f"{n} videos but {labels.shape[0]} labels")
+    if labels is not None:
+        labels = np.asarray(labels).reshape(-1)
+        if labels.shape[0] != n:
+            raise ValueError(f"{n} videos but {labels.shape[0]} labels")
     crops = crop_digits(videos)
     features, preds = classifier_outputs(crops.reshape(-1, 1, 8, 8))
     features = features.reshape(n, frames, -1)
     preds = preds.reshape(n, frames)
     mu, sigma = reference_statistics(frames, width)
     per_frame = [frechet_distance_to_statistics(features[:, f], mu, sigma) for f in range(frames)]
-    return {"fd_per_frame": float(np.mean(per_frame)), "accuracy": float((preds == labels[:, None]).mean()),
-            "temporal_consistency": float((preds == preds[:, :1]).all(axis=1).mean()), "num_samples": int(n)}
+    scores = {"fd_per_frame": float(np.mean(per_frame))}
+    if labels is not None:
+        scores["accuracy"] = float((preds == labels[:, None]).mean())
+    scores.update(temporal_consistency=float((preds == preds[:, :1]).all(axis=1).mean()), num_samples=int(n))
+    return scores
 
 
 __all__ = ["crop_digits", "reference_statistics", "score_videos"]

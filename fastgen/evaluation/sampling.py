@@ -7,8 +7,10 @@
   (Heun for diffusion models, one step for a DMD2 student...).
 * ``save_samples(path, samples, labels)`` - the ``.npz`` of the guided-diffusion evaluation suite (``arr_0``:
   uint8 NHWC images, ``arr_1``: int64 labels when conditional; for 2-D toy data ``arr_0`` is float32 ``(N, 2)``)
-  plus a PNG (image grid or scatter plot). ``fastgen_dataset`` (a string such as ``digits`` or
-  ``toy:eight_gaussians``) records the data set so ``fastgen eval`` needs no ``--dataset``.
+  plus a PNG (image grid or scatter plot); videos ``(N, C, F, H, W)`` are stored as uint8 ``(N, F, H, W, C)`` with
+  a GIF and an MP4 of the video grid (the MP4 needs PyAV, ``fastgen[diffusers]``). ``fastgen_dataset`` (a string
+  such as ``digits``, ``moving_digits`` or ``toy:eight_gaussians``) records the data set so ``fastgen eval`` needs
+  no ``--dataset``.
 
 Reproducibility: starting noise comes in fixed chunks of 16 samples, chunk ``c`` drawn by its own generator seeded
 from ``SeedSequence([seed, c])``, so the same seed gives the same starting noise whatever the batch size, and
@@ -135,12 +137,16 @@ def draw_samples(model: Any, n: int, seed: int = 0, batch_size: int = 256, net: 
 
 # ---------------------------------------------------------------------------------------------------- files
 def sample_arrays(samples: torch.Tensor, labels: torch.Tensor | None, dataset: str | None = None) -> dict[str, np.ndarray]:
-    """The ``.npz`` content: ``arr_0`` uint8 NHWC images (or float32 ``(N, 2)`` points), ``arr_1`` labels,
-    ``fastgen_dataset`` when known."""
+    """The ``.npz`` content: ``arr_0`` uint8 NHWC images, uint8 ``(N, F, H, W, C)`` videos or float32 ``(N, 2)``
+    points, ``arr_1`` labels, ``fastgen_dataset`` when known."""
     from fastgen.utils.images import to_uint8
 
     if samples.dim() == 4:
         arrays = {"arr_0": to_uint8(samples).numpy()}
+    elif samples.dim() == 5:  # (N, C, F, H, W) -> frames as images -> (N, F, H, W, C)
+        n, c, f, h, w = samples.shape
+        frames = to_uint8(samples.transpose(1, 2).reshape(n * f, c, h, w))
+        arrays = {"arr_0": frames.reshape(n, f, h, w, c).numpy()}
     elif samples.dim() == 2:
         arrays = {"arr_0": samples.float().cpu().numpy().astype(np.float32)}
     else:
@@ -153,11 +159,12 @@ def sample_arrays(samples: torch.Tensor, labels: torch.Tensor | None, dataset: s
 
 
 def save_samples(path: str | os.PathLike[str], samples: torch.Tensor, labels: torch.Tensor | None,
-                 dataset: str | None = None, grid_size: int = 100, nrow: int | None = None) -> tuple[Path, Path]:
-    """Write ``path`` (``.npz``) and a PNG with the same stem: a grid of the first ``grid_size`` images
-    (``nrow`` per row; default the number of classes, so each column is one class) or a scatter plot of all
-    points. Both writes are atomic. Returns ``(npz, png)``."""
-    from fastgen.utils.images import save_samples_image
+                 dataset: str | None = None, grid_size: int = 100, nrow: int | None = None) -> tuple[Path, list[Path]]:
+    """Write ``path`` (``.npz``) and previews with the same stem: a PNG grid of the first ``grid_size`` images
+    (``nrow`` per row; default the number of classes, so each column is one class) or a scatter plot of all points;
+    for videos a GIF and an MP4 of the grid of the first ``grid_size`` videos playing together (the MP4 when PyAV is
+    installed). Every write is atomic. Returns ``(npz, previews)``."""
+    from fastgen.utils.images import save_samples_image, save_samples_video, video_grid_frames
     from fastgen.utils.io import atomic_open
 
     npz = Path(path)
@@ -165,18 +172,29 @@ def save_samples(path: str | os.PathLike[str], samples: torch.Tensor, labels: to
         npz = npz.with_suffix(".npz")
     elif npz.suffix != ".npz":
         npz = npz.with_name(npz.name + ".npz")
-    png = npz.with_suffix(".png")
     arrays = sample_arrays(samples, labels, dataset)
     with atomic_open(npz, "wb") as handle:
         np.savez(handle, **arrays)
-    if samples.dim() == 4:
-        shown = samples[:grid_size]
-        if nrow is None and labels is not None:
-            nrow = _class_columns(labels[: len(shown)])
-        save_samples_image(shown, png, nrow=nrow)
-    else:
-        save_samples_image(samples, png)
-    return npz, png
+    shown = samples[:grid_size]
+    if samples.dim() in (4, 5) and nrow is None and labels is not None:
+        nrow = _class_columns(labels[: len(shown)])
+    if samples.dim() == 5:
+        previews = [save_samples_video(shown, npz.with_suffix(".gif"), nrow=nrow)]
+        import importlib.util
+
+        if importlib.util.find_spec("av") is None:
+            logger.warning("no MP4 of the samples: PyAV is not installed (pip install 'fastgen[diffusers]'); the GIF "
+                           "shows them")
+            return npz, previews
+        from fastgen.pipelines.media import write_mp4
+
+        upscale = max(1, 64 // samples.shape[-1])
+        frames = np.stack([np.asarray(frame.convert("RGB")) for frame in video_grid_frames(shown, nrow, upscale)])
+        write_mp4(npz.with_suffix(".mp4"), frames, fps=8)
+        return npz, previews + [npz.with_suffix(".mp4")]
+    png = npz.with_suffix(".png")
+    save_samples_image(shown if samples.dim() == 4 else samples, png, nrow=nrow if samples.dim() == 4 else None)
+    return npz, [png]
 
 
 def _class_columns(labels: torch.Tensor) -> int | None:
@@ -187,13 +205,15 @@ def _class_columns(labels: torch.Tensor) -> int | None:
 
 
 def dataset_of_config(config: Any) -> str | None:
-    """The data set a run trained on, as ``fastgen eval`` names it: ``digits``, ``toy:<name>``, ``cifar10``,
-    ``imagenet`` - or ``None`` when the training data loader does not say."""
+    """The data set a run trained on, as ``fastgen eval`` names it: ``digits``, ``moving_digits``, ``toy:<name>``,
+    ``cifar10``, ``imagenet`` - or ``None`` when the training data loader does not say."""
     loader = getattr(config, "dataloader_train", None)
     dataset = loader.get("dataset") if loader is not None and hasattr(loader, "get") else None
     target = str(dataset.get("_target_", "")) if dataset is not None and hasattr(dataset, "get") else ""
     if target.endswith("digits.DigitsDataset"):
         return "digits"
+    if target.endswith("moving_digits.MovingDigitsDataset"):
+        return "moving_digits"
     if target.endswith("toy.ToyDataset"):
         return f"toy:{dataset.get('name', 'eight_gaussians')}"
     lowered = target.lower()
