@@ -179,6 +179,14 @@ class BaseModelConfig(StrictConfig):
     # Latent models: batches hold pixels ("real", 3 channels in [-1, 1]) and / or caption strings ("condition"),
     # encoded each step by the pretrained_model_path folder's VAE and text encoders (fastgen.networks.codecs)
     encode_batches: bool = False
+    # Multimodal models (fastgen.networks.modalities; SFT and DMD2): each modality's sample shape, e.g.
+    # {"video": [1, 8, 8, 16], "audio": [1, 8, 32]}; batches then hold a dict of modalities in "real" and samples
+    # are dicts (input_shape is not used)
+    modality_shapes: Optional[dict[str, list[int]]] = None
+    # the training times of a multimodal model: one draw shared by the modalities, or one per modality
+    modality_times: Literal["shared", "independent"] = "shared"
+    # each modality's weight in the summed loss (a missing modality weighs 1)
+    modality_loss_weights: Optional[dict[str, float]] = None
 
     @property
     def ema_names(self) -> list[str]:

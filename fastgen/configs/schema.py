@@ -123,9 +123,15 @@ def coerce(value: Any, tp: Any) -> Any:
         item_type = args[0] if args else Any
         return [coerce(v, item_type) for v in value]
     if tp in (dict, DictConfig) or origin is dict:
+        plain_values = origin is dict and len(args) == 2 and (args[1] in (int, float, str, bool)
+                                                              or typing.get_origin(args[1]) is list)
+        if isinstance(value, DictConfig) and plain_values:  # a mapping of numbers, strings or lists: check each value
+            value = OmegaConf.to_container(value, resolve=True)
         if isinstance(value, DictConfig):
             return value
         if isinstance(value, Mapping):
+            if plain_values:
+                value = {str(key): coerce(item, args[1]) for key, item in value.items()}
             return OmegaConf.create(dict(value))
         raise CoercionError(f"expected a mapping, got {value!r}")
     if tp is bool:

@@ -37,6 +37,7 @@ from fastgen.configs.instantiate import instantiate
 from fastgen.distributed.keyed_rng import GLOBAL_NOISE, KeyedNoise, NoiseSource
 from fastgen.networks.diffusion_net import DiffusionNet
 from fastgen.networks.layers import as_one_hot
+from fastgen.networks.modalities import is_multimodal, per_modality
 from fastgen.networks.noise_schedules import NoiseScheduler
 from fastgen.networks.sampling import heun_sample
 from fastgen.utils.dtypes import FLOAT_DTYPES
@@ -47,6 +48,9 @@ logger = get_logger(__name__)
 
 
 class FastGenModel(nn.Module):
+    #: whether the method trains multimodal samples (``model.modality_shapes``; ``fastgen.networks.modalities``)
+    supports_modalities: bool = False
+
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
@@ -71,6 +75,11 @@ class FastGenModel(nn.Module):
             ema = copy.deepcopy(self.net).requires_grad_(False).eval()
             self.ema_nets[name] = ema
         self.num_classes = int(config.num_classes)
+        if getattr(config, "modality_shapes", None) and not self.supports_modalities:
+            from fastgen.utils.errors import ConfigError
+
+            raise ConfigError(f"model.modality_shapes: {type(self).__name__} trains samples of one modality; the "
+                              "multimodal methods are SFT and DMD2")
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.schedulers: dict[str, Any] = {}
 
@@ -306,6 +315,10 @@ class FastGenModel(nn.Module):
             if guidance_scale is None or condition is None:
                 return net(x, t, condition=condition, fwd_pred_type="flow")
             cond = as_one_hot(condition, self.num_classes)
+            if is_multimodal(x):  # every modality guided with the same scale (Ho & Salimans 2022, Eq. 6)
+                c = net(x, t, condition=cond, fwd_pred_type="flow")
+                u = net(x, t, condition=torch.zeros_like(cond), fwd_pred_type="flow")
+                return per_modality(lambda c_m, u_m: u_m + guidance_scale * (c_m - u_m), c, u)
             both = net(torch.cat([x, x]), torch.cat([t, t]), condition=torch.cat([cond, torch.zeros_like(cond)]), fwd_pred_type="flow")
             c, u = both.chunk(2)
             return u + guidance_scale * (c - u)
@@ -341,9 +354,7 @@ class FastGenModel(nn.Module):
         so drawing samples for a log never disturbs the training random stream."""
         net = net or self.sampling_net()
         device = next(self.net.parameters()).device
-        shape = (n, *self.config.input_shape)
-        noise = self.noise_scheduler.prior_sample(shape, device="cpu", dtype=torch.float32, generator=generator)
-        noise = noise.to(device=device, dtype=self.precision)
+        noise = self.prior_noise(n, device, generator)
         labels = self.sample_labels(n, device)
         was_training = net.training
         net.eval()
@@ -352,4 +363,17 @@ class FastGenModel(nn.Module):
                 samples = self.generator_fn(net, noise, steps, labels, generator=generator)
         finally:
             net.train(was_training)
-        return samples.float(), labels
+        return per_modality(lambda x: x.float(), samples), labels
+
+    def prior_noise(self, n: int, device: torch.device, generator: torch.Generator | None = None) -> Any:
+        """``n`` starting states ``x_{t_max}`` of ``model.input_shape`` - or, for a multimodal model, a dict of one
+        per ``model.modality_shapes`` entry, drawn in that order - on the CPU from ``generator`` (so they do not
+        depend on the device), then moved to ``device`` at the model's precision."""
+        shapes = getattr(self.config, "modality_shapes", None)
+        if not shapes:
+            noise = self.noise_scheduler.prior_sample((n, *self.config.input_shape), device="cpu", dtype=torch.float32,
+                                                      generator=generator)
+            return noise.to(device=device, dtype=self.precision)
+        return {name: self.noise_scheduler.prior_sample((n, *shape), device="cpu", dtype=torch.float32,
+                                                        generator=generator).to(device=device, dtype=self.precision)
+                for name, shape in shapes.items()}

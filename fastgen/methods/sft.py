@@ -10,6 +10,10 @@ The loss is the weighted regression of the network's native prediction onto its 
 
 Class labels are dropped (replaced by the all-zero label) with probability ``condition_dropout`` so that the
 same network also learns the unconditional model that classifier-free guidance needs (Ho & Salimans 2022).
+
+Multimodal samples (``model.modality_shapes``, a dict of modalities in ``real``): every modality is noised at its
+training time (shared or per modality, ``fastgen.methods.multimodal.training_times``) with its own noise, the
+network predicts all of them in one pass, and the loss is the weighted sum of the modalities' losses above.
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ from typing import Any
 import torch
 
 from fastgen.methods.model import FastGenModel
+from fastgen.methods.multimodal import check_modalities, combine_losses, training_times
 from fastgen.networks.layers import as_one_hot
+from fastgen.networks.modalities import is_multimodal, per_modality
 
 
 class SFTModel(FastGenModel):
+    supports_modalities = True
+
     def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        x0 = data["real"].to(self.precision)
+        x0 = per_modality(lambda x: x.to(self.precision), data["real"])
         condition = self.condition_of(data)
         dropout = float(getattr(self.config, "condition_dropout", 0.0))
         rng = self.rng
@@ -35,6 +43,8 @@ class SFTModel(FastGenModel):
             keep = keep.reshape(-1, *([1] * (condition.dim() - 1)))
             condition = condition * keep
         scheduler = self.noise_scheduler
+        if is_multimodal(x0):
+            return self.multimodal_step(x0, condition)
         t = scheduler.sample_t(x0.shape[0], device=x0.device, generator=rng).to(x0.dtype)
         eps = rng.randn_like(x0)
         x_t = scheduler.add_noise(x0, eps, t)
@@ -43,3 +53,20 @@ class SFTModel(FastGenModel):
         per_sample = (pred.float() - target.float()).square().flatten(1).mean(dim=1)
         loss = (scheduler.loss_weight(t.float()) * per_sample).mean()
         return {"total_loss": loss, "denoising_loss": loss.detach()}, {"x_t": x_t, "pred": pred, "t": t}
+
+    def multimodal_step(self, x0: dict[str, torch.Tensor], condition: torch.Tensor | None
+                        ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The loss above per modality, weighted and summed (module docstring)."""
+        check_modalities(self.config, x0)
+        scheduler = self.noise_scheduler
+        t = training_times(self, x0)
+        eps = {name: self.rng.randn_like(x) for name, x in x0.items()}
+        x_t = per_modality(scheduler.add_noise, x0, eps, t)
+        pred = self.net(x_t, t, condition=condition)
+        losses = {}
+        for name in x0:
+            target = scheduler.target(x0[name], eps[name], t[name])
+            per_sample = (pred[name].float() - target.float()).square().flatten(1).mean(dim=1)
+            losses[name] = (scheduler.loss_weight(t[name].float()) * per_sample).mean()
+        total, logged = combine_losses(self.config, losses, "denoising_loss")
+        return {"total_loss": total, "denoising_loss": total.detach(), **logged}, {"x_t": x_t, "pred": pred, "t": t}

@@ -11,6 +11,11 @@ decoder); ``return_logvar`` returns the EDM2 per-time uncertainty ``u(sigma)`` (
 the backbone provides one. A backbone whose output projection was widened into ``k`` heads (PDD,
 ``fastgen.networks.heads``) returns ``k`` times the channels; the forward then returns ``k`` predictions,
 ``(B, k, C, ...)``, each preconditioned as the single one would be.
+
+A multimodal backbone (``fastgen.networks.modalities``: LTX-2's video and audio streams) takes and returns a dict
+of modalities; ``x_t`` is then that dict and ``t`` one ``(B,)`` tensor shared by the modalities or a dict of them.
+Each modality is preconditioned with its own time, the backbone sees the dicts of inputs and ``c_noise`` values
+and returns one prediction per modality, and the forward returns the dict of (converted) predictions.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 from torch import nn
 
 from fastgen.networks.layers import contract_output
+from fastgen.networks.modalities import is_multimodal, per_modality
 from fastgen.networks.noise_schedules import NoiseScheduler, expand_like
 
 
@@ -60,6 +66,10 @@ class DiffusionNet(nn.Module):
     ) -> Any:
         if features_only and (feature_indices is None or return_logvar):
             raise ValueError("features_only needs feature_indices and excludes return_logvar")
+        if is_multimodal(x_t):
+            if r is not None or return_logvar or features_only:
+                raise ValueError("a multimodal network takes one time input per modality and predicts no log-variance")
+            return self._forward_modalities(x_t, t, condition, feature_indices, fwd_pred_type)
         if t.dim() == 0:
             t = t.expand(x_t.shape[0])
         t = t.to(x_t.dtype)
@@ -99,6 +109,29 @@ class DiffusionNet(nn.Module):
         if heads > 1:
             pred = pred.unflatten(0, (-1, heads))
         return contract_output(pred, features, logvar)
+
+
+    def _forward_modalities(self, x_t: dict[str, torch.Tensor], t: Any, condition: torch.Tensor | None,
+                            feature_indices: list[int] | None, fwd_pred_type: str | None) -> Any:
+        """The forward of a multimodal backbone (module docstring): Karras et al. 2022, Eq. 7, per modality."""
+        times = per_modality(lambda x, tm: (tm.expand(x.shape[0]) if tm.dim() == 0 else tm).to(x.dtype), x_t, t)
+        coefficients = per_modality(self.noise_scheduler.precondition, times)
+        inputs = {name: (expand_like(coefficients[name][2], x) * x).to(x.dtype) for name, x in x_t.items()}
+        c_noise = {name: c[3] for name, c in coefficients.items()}
+        out = self.backbone(inputs, c_noise, condition=condition, feature_indices=feature_indices)
+        features = None
+        if isinstance(out, tuple):
+            out, features = out[0], (out[1] if feature_indices is not None else None)
+        if not is_multimodal(out) or set(out) != set(x_t):
+            raise ValueError(f"{type(self.backbone).__name__} must return one prediction per modality {sorted(x_t)}")
+        pred = {}
+        for name, x in x_t.items():
+            c_skip, c_out = coefficients[name][0], coefficients[name][1]
+            pred[name] = expand_like(c_skip, x) * x + expand_like(c_out, x) * out[name].to(x.dtype)
+            if fwd_pred_type is not None and fwd_pred_type != self.native_pred_type:
+                pred[name] = self.noise_scheduler.convert(pred[name], x, times[name], self.native_pred_type,
+                                                          fwd_pred_type)
+        return contract_output(pred, features)
 
 
 def _head_count(out: torch.Tensor, x_t: torch.Tensor) -> int:

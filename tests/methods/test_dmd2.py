@@ -120,7 +120,7 @@ def student_step_on(model: DMD2Model, x: torch.Tensor) -> tuple[dict[str, torch.
     that it differs from the teacher): ``(loss_dict, outputs, d total_loss / d x)``."""
     perturb(model.fake_score)
     x.requires_grad_(True)
-    model.generate_for_training = lambda noise, condition: x  # type: ignore[method-assign]
+    model.generate_for_training = lambda noise, condition, real=None: x  # type: ignore[method-assign]
     torch.manual_seed(3)
     loss_dict, out = model.single_train_step({"real": torch.randn(x.shape[0], 2)}, iteration=0)
     (grad_x,) = torch.autograd.grad(loss_dict["total_loss"], x, retain_graph=True)
@@ -149,7 +149,7 @@ def test_dmd_gradient_averages_several_noisings_per_sample() -> None:
     model = build(toy_dmd2(vsd_num_noise=3))
     perturb(model.fake_score)
     x = torch.randn(4, 2, requires_grad=True)
-    model.generate_for_training = lambda noise, condition: x  # type: ignore[method-assign]
+    model.generate_for_training = lambda noise, condition, real=None: x  # type: ignore[method-assign]
     loss_dict, out = model.single_train_step({"real": torch.randn(4, 2)}, iteration=0)
     (grad_x,) = torch.autograd.grad(loss_dict["total_loss"], x)
     assert out["x_t"].shape == (12, 2)

@@ -1,0 +1,57 @@
+"""What the multimodal methods share (SFT, DMD2 on ``model.modality_shapes``; ``fastgen.networks.modalities``): how
+each modality's training time is drawn and how the per-modality losses become one.
+
+* ``training_times``: ``model.modality_times = "shared"`` draws one time per sample from the schedule's training
+  distribution and gives it to every modality (the modalities of a sample are equally noisy, as at sampling);
+  ``"independent"`` draws one per modality, so the network also learns to denoise one modality given another at a
+  different noise level (what joint audio-video models such as LTX-2 use for conditioning one stream on the other).
+* ``combine_losses``: the sum over modalities of ``model.modality_loss_weights[m]`` (default 1) times modality
+  ``m``'s loss, with each modality's unweighted loss logged as ``<key>_<modality>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fastgen.utils.errors import ConfigError
+
+
+def check_modalities(config: Any, sample: dict[str, torch.Tensor]) -> None:
+    """A ``ConfigError`` when a batch's modalities are not ``model.modality_shapes``'s, or a loss weight names a
+    modality the model does not have."""
+    shapes = getattr(config, "modality_shapes", None) or {}
+    if set(sample) != set(shapes):
+        raise ConfigError(f"the batch holds the modalities {sorted(sample)}, model.modality_shapes names "
+                          f"{sorted(shapes)}")
+    for name, x in sample.items():
+        if list(x.shape[1:]) != list(shapes[name]):
+            raise ConfigError(f"modality {name!r} has samples of shape {list(x.shape[1:])}, model.modality_shapes "
+                              f"says {list(shapes[name])}")
+    unknown = set(getattr(config, "modality_loss_weights", None) or {}) - set(shapes)
+    if unknown:
+        raise ConfigError(f"model.modality_loss_weights names {sorted(unknown)}, not modalities of model.modality_shapes "
+                          f"({sorted(shapes)})")
+
+
+def training_times(model: Any, sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each modality's ``(B,)`` training times (module docstring), from the step's keyed stream."""
+    scheduler = model.noise_scheduler
+    batch = next(iter(sample.values())).shape[0]
+    device = next(iter(sample.values())).device
+    if model.config.modality_times == "shared":
+        t = scheduler.sample_t(batch, device=device, generator=model.rng)
+        return {name: t.to(x.dtype) for name, x in sample.items()}
+    return {name: scheduler.sample_t(batch, device=device, generator=model.rng).to(x.dtype)
+            for name, x in sample.items()}
+
+
+def combine_losses(config: Any, losses: dict[str, torch.Tensor], key: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(sum_m w_m loss_m, {key_m: loss_m})`` (module docstring)."""
+    weights = getattr(config, "modality_loss_weights", None) or {}
+    total = sum(float(weights.get(name, 1.0)) * loss for name, loss in losses.items())
+    return total, {f"{key}_{name}": loss.detach() for name, loss in losses.items()}
+
+
+__all__ = ["check_modalities", "combine_losses", "training_times"]

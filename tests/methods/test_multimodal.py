@@ -1,0 +1,145 @@
+"""Multimodal samples (``fastgen.networks.modalities``): the network contract preconditions each modality with its
+own time, Heun integrates a dict of modalities as it integrates each alone, multimodal SFT draws shared or
+independent times and sums the weighted per-modality losses, and the config is checked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fastgen.configs.instantiate import LazyCall, instantiate
+from fastgen.configs.methods.config_sft import create_config
+from fastgen.distributed.keyed_rng import KeyedNoise
+from fastgen.networks.diffusion_net import DiffusionNet
+from fastgen.networks.noise_schedules import EDMNoiseScheduler, RectifiedFlowScheduler
+from fastgen.networks.sampling import heun_sample
+from fastgen.utils.errors import ConfigError
+
+SHAPES = {"video": [1, 4, 4, 6], "audio": [2, 4, 5]}
+
+
+class TwoStream(nn.Module):
+    """A toy two-stream backbone: each modality's prediction depends on both modalities and on its own time."""
+
+    def __init__(self, num_classes: int = 0) -> None:
+        super().__init__()
+        self.video = nn.Linear(96 + 40 + 1 + num_classes, 96)
+        self.audio = nn.Linear(96 + 40 + 1 + num_classes, 40)
+        self.num_classes = num_classes
+
+    def forward(self, x, c_noise, condition=None, feature_indices=None, **_):  # noqa: ANN001, ANN003, ANN201
+        b = x["video"].shape[0]
+        cond = [] if not self.num_classes else [torch.zeros(b, self.num_classes) if condition is None else
+                                                nn.functional.one_hot(condition, self.num_classes).float()
+                                                if condition.dim() == 1 else condition.float()]
+        both = [x["video"].flatten(1), x["audio"].flatten(1)]
+        v = self.video(torch.cat([*both, c_noise["video"][:, None], *cond], 1)).reshape(x["video"].shape)
+        a = self.audio(torch.cat([*both, c_noise["audio"][:, None], *cond], 1)).reshape(x["audio"].shape)
+        return {"video": v, "audio": a}
+
+
+def two_stream_net(schedule=None, num_classes: int = 0):  # noqa: ANN001, ANN201
+    return LazyCall(DiffusionNet)(backbone=LazyCall(TwoStream)(num_classes=num_classes),
+                                  noise_scheduler=schedule or LazyCall(RectifiedFlowScheduler)())
+
+
+def sample_of(batch: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(batch, *shape, generator=g) for name, shape in SHAPES.items()}
+
+
+@pytest.mark.parametrize("schedule", [RectifiedFlowScheduler, EDMNoiseScheduler])
+def test_each_modality_is_preconditioned_with_its_own_time(schedule) -> None:  # noqa: ANN001
+    """The dict forward equals preconditioning each modality by hand (Karras et al. 2022, Eq. 7) and converting."""
+    torch.manual_seed(0)
+    net = instantiate(two_stream_net(LazyCall(schedule)()))
+    sched = net.noise_scheduler
+    x = sample_of(3)
+    t = {"video": torch.tensor([0.2, 0.5, 0.9]) * sched.t_max, "audio": torch.tensor([0.7, 0.1, 0.4]) * sched.t_max}
+    pred = net(x, t, fwd_pred_type="x0")
+    coeff = {name: sched.precondition(t[name]) for name in x}
+    raw = net.backbone({n: coeff[n][2].reshape(-1, *[1] * (x[n].dim() - 1)) * x[n] for n in x},
+                       {n: coeff[n][3] for n in x})
+    for name in x:
+        shape = (-1, *[1] * (x[name].dim() - 1))
+        native = coeff[name][0].reshape(shape) * x[name] + coeff[name][1].reshape(shape) * raw[name]
+        expected = sched.convert(native, x[name], t[name], sched.native_pred_type, "x0")
+        torch.testing.assert_close(pred[name], expected)
+    shared = net(x, torch.tensor([0.3, 0.3, 0.3]) * sched.t_max)
+    split = net(x, {n: torch.full((3,), 0.3) * sched.t_max for n in x})
+    for name in x:
+        torch.testing.assert_close(shared[name], split[name])
+
+
+def test_heun_integrates_a_dict_of_modalities_as_each_alone() -> None:
+    """With a flow that treats the modalities separately, Heun over the dict equals Heun over each modality."""
+    sched = RectifiedFlowScheduler()
+    x = sample_of(2)
+    flows = {"video": lambda v, t: -v * t[:, None, None, None, None], "audio": lambda a, t: torch.sin(a) * t[:, None, None, None]}
+    joint = heun_sample(lambda s, t: {n: flows[n](s[n], t) for n in s}, x, sched, 5)
+    for name in x:
+        torch.testing.assert_close(joint[name], heun_sample(lambda v, t: flows[name](v, t), x[name], sched, 5))
+
+
+def build(**fields):  # noqa: ANN003, ANN201
+    config = create_config()
+    config.model.num_classes = fields.pop("num_classes", 0)
+    config.model.net = two_stream_net(num_classes=config.model.num_classes)
+    config.model.modality_shapes = dict(SHAPES)
+    for key, value in fields.items():
+        setattr(config.model, key, value)
+    torch.manual_seed(0)
+    return instantiate(config.model_class, config=config.model)
+
+
+@pytest.mark.parametrize("times", ["shared", "independent"])
+def test_multimodal_sft_draws_times_and_sums_weighted_losses(times: str) -> None:
+    model = build(modality_times=times, modality_loss_weights={"audio": 0.25})
+    data = {"real": sample_of(4, seed=1)}
+    seen = []
+    handle = model.net.register_forward_hook(lambda m, args, kwargs, out: seen.append((args, kwargs)), with_kwargs=True)
+    model._bound_noise = KeyedNoise(0, torch.arange(4), 3, "train")
+    try:
+        loss, out = model.single_train_step(data, 3)
+    finally:
+        model._bound_noise = None
+        handle.remove()
+    t = out["t"]
+    assert set(t) == {"video", "audio"}
+    assert torch.equal(t["video"], t["audio"]) == (times == "shared")
+    torch.testing.assert_close(loss["total_loss"], loss["denoising_loss_video"] + 0.25 * loss["denoising_loss_audio"])
+    # the per-modality loss is the flow-matching regression of that modality
+    sched = model.noise_scheduler
+    for name in ("video", "audio"):
+        x0, x_t, pred = data["real"][name], out["x_t"][name], out["pred"][name]
+        eps = (x_t - (1 - t[name]).reshape(-1, *[1] * (x0.dim() - 1)) * x0) / t[name].reshape(-1, *[1] * (x0.dim() - 1))
+        expected = (pred - sched.target(x0, eps, t[name])).square().mean()
+        torch.testing.assert_close(loss[f"denoising_loss_{name}"], expected, rtol=1e-4, atol=1e-5)
+    loss["total_loss"].backward()
+    assert model.net.backbone.audio.weight.grad is not None and model.net.backbone.video.weight.grad is not None
+
+
+def test_multimodal_sampling_returns_every_modality() -> None:
+    model = build(num_classes=3, guidance_scale=2.0)
+    samples, labels = model.sample(4, generator=torch.Generator().manual_seed(0), steps=3)
+    assert {n: list(v.shape[1:]) for n, v in samples.items()} == SHAPES and labels.tolist() == [0, 1, 2, 0]
+
+
+def test_the_config_is_checked() -> None:
+    model = build()
+    with pytest.raises(ConfigError, match="modalities"):
+        model.single_train_step({"real": {"video": sample_of(2)["video"]}}, 0)
+    bad = sample_of(2)
+    bad["audio"] = bad["audio"][:, :1]
+    with pytest.raises(ConfigError, match="'audio' has samples of shape"):
+        model.single_train_step({"real": bad}, 0)
+    with pytest.raises(ConfigError, match="modality_loss_weights"):
+        build(modality_loss_weights={"sound": 1.0}).single_train_step({"real": sample_of(2)}, 0)
+    from fastgen.configs.methods.config_cm import create_config as cm_config
+
+    config = cm_config()
+    config.model.net = two_stream_net()
+    config.model.modality_shapes = dict(SHAPES)
+    with pytest.raises(ConfigError, match="modality_shapes"):
+        instantiate(config.model_class, config=config.model)
