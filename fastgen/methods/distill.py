@@ -34,6 +34,7 @@ from fastgen.configs.instantiate import instantiate
 from fastgen.distributed.keyed_rng import RandomSource, as_noise_source
 from fastgen.methods.model import FastGenModel
 from fastgen.networks.layers import as_one_hot
+from fastgen.networks.modalities import batch_size, first_tensor, is_multimodal, per_modality
 from fastgen.utils.errors import CheckpointError, UsageError
 from fastgen.utils.logging import get_logger
 
@@ -161,6 +162,11 @@ class DistillationModel(FastGenModel):
         scale = self.config.guidance_scale if guidance_scale is None else guidance_scale
         if scale is None or condition is None or self.num_classes <= 0:
             return self.teacher(x_t, t, condition=condition, fwd_pred_type="x0")
+        if is_multimodal(x_t):  # each modality guided linearly with the one scale, in two passes
+            cond = as_one_hot(condition, self.num_classes).to(first_tensor(x_t).dtype)
+            c = self.teacher(x_t, t, condition=cond, fwd_pred_type="x0")
+            u = self.teacher(x_t, t, condition=torch.zeros_like(cond), fwd_pred_type="x0")
+            return per_modality(lambda c_m, u_m: u_m + scale * (c_m - u_m), c, u)
         cond = as_one_hot(condition, self.num_classes).to(x_t.dtype)
         # a backbone whose guidance is not linear in the prediction (Qwen-Image's norm-rescaled true CFG) guides its
         # native prediction by its own rule, as its pipeline does; linear guidance is the same on any prediction
@@ -204,10 +210,14 @@ class DistillationModel(FastGenModel):
             return [float(self.noise_scheduler.t_max)]
         return [float(t) for t in times]
 
-    def sample_noise(self, batch: int, like: torch.Tensor) -> torch.Tensor:
-        """``batch`` prior samples ``x_{t_max}`` in the model's dtype, on ``like``'s device (the step's stream)."""
-        shape = (batch, *self.config.input_shape)
-        return self.noise_scheduler.prior_sample(shape, device=like.device, dtype=self.precision, generator=self.rng)
+    def sample_noise(self, batch: int, like: Any) -> Any:
+        """``batch`` prior samples ``x_{t_max}`` in the model's dtype, on ``like``'s device (the step's stream); for
+        a multimodal model a dict of them, one per ``model.modality_shapes`` entry."""
+        device = first_tensor(like).device
+        shapes = getattr(self.config, "modality_shapes", None) or {None: self.config.input_shape}
+        noise = {name: self.noise_scheduler.prior_sample((batch, *shape), device=device, dtype=self.precision,
+                                                         generator=self.rng) for name, shape in shapes.items()}
+        return noise[None] if None in noise else noise
 
     def generate(self, net: nn.Module, noise: torch.Tensor, condition: torch.Tensor | None,
                  times: list[float] | None = None, generator: RandomSource = None) -> torch.Tensor:
@@ -217,24 +227,28 @@ class DistillationModel(FastGenModel):
         (``self.rng``; training callers pass it)."""
         times = times or self.student_times()
         scheduler = self.noise_scheduler
-        batch = noise.shape[0]
+        batch, like = batch_size(noise), first_tensor(noise)
         x = self.start_state(noise, times[0])
         x0 = x
         for i, t in enumerate(times):
-            t_vec = torch.full((batch,), t, device=x.device, dtype=x.dtype)
+            t_vec = torch.full((batch,), t, device=like.device, dtype=like.dtype)
             x0 = net(x, t_vec, condition=condition, fwd_pred_type="x0")
             if i + 1 < len(times):
-                t_next = torch.full((batch,), times[i + 1], device=x.device, dtype=x.dtype)
-                if isinstance(generator, torch.Generator):
-                    eps = torch.randn(x0.shape, generator=generator, device="cpu", dtype=x0.dtype).to(x0.device)
-                else:
-                    eps = as_noise_source(generator).randn_like(x0)
-                x = scheduler.add_noise(x0, eps, t_next)
+                t_next = torch.full((batch,), times[i + 1], device=like.device, dtype=like.dtype)
+                x = per_modality(lambda e: scheduler.add_noise(e, self.fresh_noise(e, generator), t_next), x0)
         return x0
+
+    @staticmethod
+    def fresh_noise(like: torch.Tensor, generator: RandomSource) -> torch.Tensor:
+        """Noise shaped as ``like``: from a ``torch.Generator`` on the CPU (samples independent of the device),
+        torch's global generator (None), or a keyed stream."""
+        if isinstance(generator, torch.Generator):
+            return torch.randn(like.shape, generator=generator, device="cpu", dtype=like.dtype).to(like.device)
+        return as_noise_source(generator).randn_like(like)
 
     def start_state(self, noise: torch.Tensor, t0: float) -> torch.Tensor:
         """The student's input at its first time ``t0``: the prior noise itself at ``t_max``, else rescaled."""
-        return noise if t0 >= self.noise_scheduler.t_max else self._noise_to(noise, t0)
+        return noise if t0 >= self.noise_scheduler.t_max else per_modality(lambda n: self._noise_to(n, t0), noise)
 
     def _noise_to(self, noise: torch.Tensor, t: float) -> torch.Tensor:
         """Rescale prior noise at ``t_max`` to pure noise at time ``t`` (``sigma(t) eps``; the data part is 0)."""

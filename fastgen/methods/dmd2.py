@@ -60,8 +60,10 @@ from torch import nn
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.distill import DistillationModel
+from fastgen.methods.multimodal import check_modalities
 from fastgen.networks.discriminator import (FeatureDiscriminator, default_feature_indices, head_features,
                                             minibatch_groups, per_group, probe_feature_shapes)
+from fastgen.networks.modalities import batch_size, first_tensor, is_multimodal, per_modality
 from fastgen.utils.errors import ConfigError
 from fastgen.utils.logging import get_logger
 
@@ -100,6 +102,8 @@ def denoising_gap(x: torch.Tensor, d_real: torch.Tensor) -> torch.Tensor:
 
 
 class DMD2Model(DistillationModel):
+    supports_modalities = True  # the distribution-matching loss per modality (fastgen.methods.multimodal)
+
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         if config.student_update_freq < 1:
@@ -121,6 +125,13 @@ class DMD2Model(DistillationModel):
             shapes = probe_feature_shapes(source, list(config.input_shape), self.feature_indices, self.num_classes, t=1.0)
             self.discriminator = FeatureDiscriminator(shapes, hidden=config.discriminator_hidden,
                                                       minibatch_std_group=config.discriminator_minibatch_std).to(self.precision)
+        if getattr(config, "modality_shapes", None):
+            unsupported = [name for name, on in (("gan_loss_weight_gen", self.use_gan),
+                                                 ("vsd_num_noise", config.vsd_num_noise > 1),
+                                                 ("regression_loss_weight", config.regression_loss_weight > 0)) if on]
+            if unsupported:
+                raise ConfigError(f"multimodal DMD2 (model.modality_shapes) has the distribution-matching loss only; "
+                                  f"unset model.{', model.'.join(unsupported)}")
         if config.regression_loss_weight > 0 and config.regression_num_pairs < 1:
             raise ConfigError("model.regression_num_pairs must be >= 1 when model.regression_loss_weight > 0")
         self._pairs: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
@@ -177,8 +188,9 @@ class DMD2Model(DistillationModel):
             return self.generate(self.net, noise, condition, times[:1])
         with torch.no_grad():
             x0 = self.generate(self.net, noise, condition, times[:k], generator=self.rng)
-            t_k = torch.full((noise.shape[0],), times[k], device=noise.device, dtype=noise.dtype)
-            x_t = self.noise_scheduler.add_noise(x0, self.rng.randn_like(x0), t_k)
+            like = first_tensor(noise)
+            t_k = torch.full((batch_size(noise),), times[k], device=like.device, dtype=like.dtype)
+            x_t = per_modality(lambda x: self.noise_scheduler.add_noise(x, self.rng.randn_like(x), t_k), x0)
         return self.net(x_t, t_k, condition=condition, fwd_pred_type="x0")
 
     def sample_vsd_t(self, batch: int, device: torch.device) -> torch.Tensor:
@@ -256,9 +268,15 @@ class DMD2Model(DistillationModel):
 
     # ---- the two kinds of iterations ---------------------------------------------------------------------------
     def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        real = data["real"].to(self.precision)
+        real = per_modality(lambda x: x.to(self.precision), data["real"])
         condition = self.condition_of(data)
-        noise = self.sample_noise(real.shape[0], real)
+        noise = self.sample_noise(batch_size(real), real)
+        if is_multimodal(real):
+            from fastgen.methods.multimodal import dmd2_critic_step, dmd2_student_step
+
+            check_modalities(self.config, real)
+            step = dmd2_student_step if self.is_student_iteration(iteration) else dmd2_critic_step
+            return step(self, condition, noise)
         if self.is_student_iteration(iteration):
             return self.student_step(real, condition, noise)
         return self.critic_step(real, condition, noise)

@@ -48,7 +48,8 @@ logger = get_logger(__name__)
 
 
 class FastGenModel(nn.Module):
-    #: whether the method trains multimodal samples (``model.modality_shapes``; ``fastgen.networks.modalities``)
+    #: whether the method trains multimodal samples (``model.modality_shapes``; ``fastgen.networks.modalities``);
+    #: each class declares it for itself (a subclass does not inherit it)
     supports_modalities: bool = False
 
     def __init__(self, config: Any) -> None:
@@ -75,7 +76,9 @@ class FastGenModel(nn.Module):
             ema = copy.deepcopy(self.net).requires_grad_(False).eval()
             self.ema_nets[name] = ema
         self.num_classes = int(config.num_classes)
-        if getattr(config, "modality_shapes", None) and not self.supports_modalities:
+        # declared by each class itself, not inherited: a subclass that changes the loss (SiD, f-distill) has not
+        # been made multimodal by its parent's being so
+        if getattr(config, "modality_shapes", None) and not type(self).__dict__.get("supports_modalities", False):
             from fastgen.utils.errors import ConfigError
 
             raise ConfigError(f"model.modality_shapes: {type(self).__name__} trains samples of one modality; the "
