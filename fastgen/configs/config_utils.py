@@ -494,7 +494,8 @@ def _check_url_values(node: Any, key: str = "") -> None:
             raise ConfigError(str(exc)) from None
 
 
-DIFFUSERS_BACKBONES = "fastgen.networks.diffusers_nets."
+# the modules of diffusers-backed backbones (``fastgen.networks.diffusers_nets.BACKBONE_MODULES``)
+DIFFUSERS_BACKBONES = ("fastgen.networks.diffusers_nets.", "fastgen.networks.causal_wan.")
 
 
 def _check_pretrained_model_path(config: BaseConfig) -> None:

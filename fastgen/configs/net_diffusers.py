@@ -177,6 +177,18 @@ def wan_transformer(config: dict[str, Any], prompt_embeddings: str | None = None
     ), flow_schedule(shift=shift))
 
 
+def causal_wan_transformer(config: dict[str, Any], chunk_frames: int = 1, causal: bool = True,
+                           attention_backend: str = "auto", prompt_embeddings: str | None = None, num_prompts: int = 0,
+                           prompt_tokens: int = 1, shift: float = 5.0) -> DictConfig:
+    """``wan_transformer`` made block-causal over chunks of ``chunk_frames`` (latent) frames, with tagged KV caches
+    (``fastgen.networks.causal_wan.CausalWanTransformer``; CausVid, Yin et al. 2025, Sec. 3.1): the student of
+    the causal video methods. ``causal=False`` is the stock bidirectional Wan with the same parameter names."""
+    return _wrapped(LazyCall("fastgen.networks.causal_wan.CausalWanTransformer")(
+        config=dict(config), chunk_frames=chunk_frames, causal=causal, attention_backend=attention_backend,
+        prompt_embeddings=prompt_embeddings, num_prompts=num_prompts, prompt_tokens=prompt_tokens,
+    ), flow_schedule(shift=shift))
+
+
 def qwenimage_shift(image_seq_len: int, scheduler: dict[str, Any] | None = None) -> float:
     """The time shift ``QwenImagePipeline`` samples with for ``image_seq_len`` packed latent tokens (``(H/2)(W/2)``;
     4096 at 1024x1024): ``exp(mu)`` with ``mu`` linear in the token count between ``(base_image_seq_len,

@@ -87,14 +87,15 @@ def dit_digits(num_classes: int = 10, hidden_size: int = 96, depth: int = 4, num
 
 def causal_video_dit(frames: int = 8, height: int = 8, width: int = 16, in_channels: int = 1, num_classes: int = 10,
                      hidden_size: int = 96, depth: int = 4, num_heads: int = 4, patch_size: int = 2,
-                     chunk_frames: int = 2, causal: bool = True, schedule: DictConfig | None = None) -> DictConfig:
+                     chunk_frames: int = 2, causal: bool = True, schedule: DictConfig | None = None,
+                     attention_backend: str = "auto") -> DictConfig:
     """``fastgen.networks.causal_dit.CausalVideoDiT`` (block-causal over chunks of ``chunk_frames`` frames, or
     bidirectional with ``causal=False``) on rectified flow by default; sized for moving digits (8 frames of 8x16)."""
     return LazyCall("fastgen.networks.diffusion_net.DiffusionNet")(
         backbone=LazyCall("fastgen.networks.causal_dit.CausalVideoDiT")(
             frames=frames, height=height, width=width, in_channels=in_channels, patch_size=patch_size,
             hidden_size=hidden_size, depth=depth, num_heads=num_heads, num_classes=num_classes,
-            chunk_frames=chunk_frames, causal=causal,
+            chunk_frames=chunk_frames, causal=causal, attention_backend=attention_backend,
         ),
         noise_scheduler=schedule if schedule is not None else flow_schedule(),
     )

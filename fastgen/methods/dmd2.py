@@ -40,6 +40,10 @@ implementation does). The teacher is frozen. Iterations alternate (two-time-scal
   expectation is ``s^2 ||grad_x D||^2`` to first order in ``s``, and it costs one more forward pass of the
   feature network instead of a double backward through it.
 
+Multimodal samples (``model.modality_shapes``, e.g. LTX-2's video and audio) take ``multimodal_student_step`` /
+``multimodal_critic_step``: the same two terms per modality, each modality's gradient normalised by its own
+denoising gap, the losses weighted by ``model.modality_loss_weights`` and summed (``fastgen.methods.multimodal``).
+
 Only the optimizers of the trained modules step (``get_optimizers``) and only their schedulers advance, so
 learning-rate schedules count each module's own updates.
 
@@ -60,7 +64,7 @@ from torch import nn
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.distill import DistillationModel
-from fastgen.methods.multimodal import check_modalities
+from fastgen.methods.multimodal import check_modalities, combine_losses, training_times, vsd_times
 from fastgen.networks.discriminator import (FeatureDiscriminator, default_feature_indices, head_features,
                                             minibatch_groups, per_group, probe_feature_shapes)
 from fastgen.networks.modalities import batch_size, first_tensor, is_multimodal, per_modality
@@ -272,11 +276,10 @@ class DMD2Model(DistillationModel):
         condition = self.condition_of(data)
         noise = self.sample_noise(batch_size(real), real)
         if is_multimodal(real):
-            from fastgen.methods.multimodal import dmd2_critic_step, dmd2_student_step
-
             check_modalities(self.config, real)
-            step = dmd2_student_step if self.is_student_iteration(iteration) else dmd2_critic_step
-            return step(self, condition, noise)
+            if self.is_student_iteration(iteration):
+                return self.multimodal_student_step(condition, noise)
+            return self.multimodal_critic_step(condition, noise)
         if self.is_student_iteration(iteration):
             return self.student_step(real, condition, noise)
         return self.critic_step(real, condition, noise)
@@ -328,6 +331,48 @@ class DMD2Model(DistillationModel):
             loss_dict["regression_loss"] = regression.detach()
         loss_dict["total_loss"] = total
         return loss_dict, {"generated": x.detach(), "x_t": x_t, "t": t}
+
+    def multimodal_student_step(self, condition: torch.Tensor | None, noise: dict[str, torch.Tensor]
+                                ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The student iteration on a dict of modalities: each modality's distribution-matching gradient normalised
+        by its own denoising gap (their scales differ; ``fastgen.methods.multimodal``), the losses weighted and
+        summed. GAN, several noisings and the regression loss are refused for multimodal models (``__init__``)."""
+        x = self.generate_for_training(noise, condition)
+        t = vsd_times(self, x)
+        x_t = {name: self.noise_scheduler.add_noise(v.detach(), self.rng.randn_like(v), t[name]) for name, v in x.items()}
+        with torch.no_grad():
+            d_real = self.teacher_x0(x_t, t, condition)
+            d_fake = self.fake_score(x_t, t, condition=condition, fwd_pred_type="x0")
+        losses, norms = {}, {}
+        for name, v in x.items():
+            with torch.no_grad():
+                weight = 1.0 / denoising_gap(v, d_real[name])
+                grad = torch.nan_to_num((d_fake[name] - d_real[name]).float() * weight.view(-1, *([1] * (v.dim() - 1))))
+            losses[name] = 0.5 * F.mse_loss(v.float(), v.detach().float() - grad, reduction="mean")
+            norms[f"dmd_grad_norm_{name}"] = grad.flatten(1).norm(dim=1).mean()
+        vsd, logged = combine_losses(self.config, losses, "vsd_loss")
+        total = self.config.vsd_loss_weight * vsd
+        return ({"total_loss": total, "vsd_loss": vsd.detach(), **logged, **norms},
+                {"generated": {name: v.detach() for name, v in x.items()}, "x_t": x_t, "t": t})
+
+    def multimodal_critic_step(self, condition: torch.Tensor | None, noise: dict[str, torch.Tensor]
+                               ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """DMD2's critic iteration on a dict of modalities: the fake score's denoising loss on ``sg(G(z))``."""
+        scheduler = self.noise_scheduler
+        with torch.no_grad():
+            x = self.generate_for_training(noise, condition)
+        t = training_times(self, x)
+        eps = {name: self.rng.randn_like(v) for name, v in x.items()}
+        x_t = {name: scheduler.add_noise(v, eps[name], t[name]) for name, v in x.items()}
+        pred = self.fake_score(x_t, t, condition=condition)
+        losses = {}
+        for name, v in x.items():
+            per_sample = (pred[name].float() - scheduler.target(v, eps[name], t[name]).float()).square().flatten(1).mean(1)
+            if self.config.fake_score_loss_weighting == "schedule":
+                per_sample = scheduler.loss_weight(t[name].float()) * per_sample
+            losses[name] = per_sample.mean()
+        total, logged = combine_losses(self.config, losses, "fake_score_loss")
+        return {"total_loss": total, "fake_score_loss": total.detach(), **logged}, {"generated": x, "x_t": x_t, "t": t}
 
     def critic_step(self, real: torch.Tensor, condition: torch.Tensor | None,
                     noise: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

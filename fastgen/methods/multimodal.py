@@ -7,8 +7,8 @@ each modality's training time is drawn and how the per-modality losses become on
   different noise level (what joint audio-video models such as LTX-2 use for conditioning one stream on the other).
 * ``combine_losses``: the sum over modalities of ``model.modality_loss_weights[m]`` (default 1) times modality
   ``m``'s loss, with each modality's unweighted loss logged as ``<key>_<modality>``.
-* ``dmd2_student_step`` / ``dmd2_critic_step``: DMD2's two iterations (``fastgen.methods.dmd2``) on multimodal
-  samples. The student's sample ``x = G(z)`` is a dict; it is noised at per-modality times (``vsd_t_dist``, shared
+* ``vsd_times``: the noise levels of DMD2's multimodal iterations (``DMD2Model.multimodal_student_step`` /
+  ``multimodal_critic_step``). The student's sample ``x = G(z)`` is a dict; it is noised at per-modality times (``vsd_t_dist``, shared
   or independent as above), the teacher (with guidance) and the fake score give ``D_real`` and ``D_fake`` for every
   modality in one pass each, and each modality's distribution-matching gradient is normalised by its own
   ``mean |x_m - D_real,m|`` (DMD Eq. 7-8): the modalities' scales differ, and one normaliser would let the larger
@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from fastgen.utils.errors import ConfigError
 
@@ -72,49 +71,4 @@ def vsd_times(model: Any, sample: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return {name: model.sample_vsd_t(batch, device) for name in sample}
 
 
-def dmd2_student_step(model: Any, condition: torch.Tensor | None, noise: dict[str, torch.Tensor]
-                      ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """DMD2's student iteration on a dict of modalities (module docstring)."""
-    from fastgen.methods.dmd2 import denoising_gap
-
-    x = model.generate_for_training(noise, condition)
-    t = vsd_times(model, x)
-    x_t = {name: model.noise_scheduler.add_noise(v.detach(), model.rng.randn_like(v), t[name]) for name, v in x.items()}
-    with torch.no_grad():
-        d_real = model.teacher_x0(x_t, t, condition)
-        d_fake = model.fake_score(x_t, t, condition=condition, fwd_pred_type="x0")
-    losses, norms = {}, {}
-    for name, v in x.items():
-        with torch.no_grad():
-            weight = 1.0 / denoising_gap(v, d_real[name])
-            grad = torch.nan_to_num((d_fake[name] - d_real[name]).float() * weight.view(-1, *([1] * (v.dim() - 1))))
-        losses[name] = 0.5 * F.mse_loss(v.float(), v.detach().float() - grad, reduction="mean")
-        norms[f"dmd_grad_norm_{name}"] = grad.flatten(1).norm(dim=1).mean()
-    vsd, logged = combine_losses(model.config, losses, "vsd_loss")
-    total = model.config.vsd_loss_weight * vsd
-    return ({"total_loss": total, "vsd_loss": vsd.detach(), **logged, **norms},
-            {"generated": {name: v.detach() for name, v in x.items()}, "x_t": x_t, "t": t})
-
-
-def dmd2_critic_step(model: Any, condition: torch.Tensor | None, noise: dict[str, torch.Tensor]
-                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """DMD2's critic iteration on a dict of modalities: the fake score's denoising loss on ``sg(G(z))``."""
-    scheduler = model.noise_scheduler
-    with torch.no_grad():
-        x = model.generate_for_training(noise, condition)
-    t = training_times(model, x)
-    eps = {name: model.rng.randn_like(v) for name, v in x.items()}
-    x_t = {name: scheduler.add_noise(v, eps[name], t[name]) for name, v in x.items()}
-    pred = model.fake_score(x_t, t, condition=condition)
-    losses = {}
-    for name, v in x.items():
-        per_sample = (pred[name].float() - scheduler.target(v, eps[name], t[name]).float()).square().flatten(1).mean(1)
-        if model.config.fake_score_loss_weighting == "schedule":
-            per_sample = scheduler.loss_weight(t[name].float()) * per_sample
-        losses[name] = per_sample.mean()
-    total, logged = combine_losses(model.config, losses, "fake_score_loss")
-    return {"total_loss": total, "fake_score_loss": total.detach(), **logged}, {"generated": x, "x_t": x_t, "t": t}
-
-
-__all__ = ["check_modalities", "combine_losses", "dmd2_critic_step", "dmd2_student_step", "training_times",
-           "vsd_times"]
+__all__ = ["check_modalities", "combine_losses", "training_times", "vsd_times"]

@@ -9,7 +9,8 @@ diffusion models", Sec. 3.1). With ``causal=False`` the same class is the bidire
 * Time: ``c_noise`` is ``(B,)`` or per frame ``(B, F)`` (diffusion forcing trains every chunk at its own noise
   level; Chen et al. 2024): each token is modulated (adaLN-Zero, Peebles & Xie 2023) by its frame's time
   embedding plus the label embedding.
-* Attention: query chunk ``i`` sees key chunk ``j`` iff ``j <= i`` (``causal``), by a boolean mask to SDPA.
+* Attention: query chunk ``i`` sees key chunk ``j`` iff ``j <= i`` (``causal``), by a boolean mask to SDPA or a
+  flex-attention block mask (``attention_backend``; ``"auto"``: flex on CUDA, ``fastgen.networks.kv_cache``).
 * Cache: ``with backbone.kv_cache(tag, write=...)`` - inside, a forward attends to the keys and values the tag
   holds (earlier chunks, in order) and its frames continue their frame indices; with ``write=True`` it appends
   its own. Tags keep separate caches (classifier-free guidance holds a conditional and an unconditional one);
@@ -18,17 +19,14 @@ diffusion models", Sec. 3.1). With ``causal=False`` the same class is the bidire
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from fastgen.networks.dit import LabelEmbedder, TimestepEmbedder
 from fastgen.networks.heads import HeadSpec
+from fastgen.networks.kv_cache import ChunkedKVCache, attend, causal_masks, check_backend
 from fastgen.networks.layers import contract_output
 
 
@@ -37,17 +35,6 @@ def sincos(positions: torch.Tensor, dim: int) -> torch.Tensor:
     omega = 1.0 / 10000 ** (torch.arange(dim // 2, dtype=torch.float64, device=positions.device) / (dim / 2.0))
     angles = positions.double()[:, None] * omega[None]
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).float()
-
-
-@dataclass
-class _Cache:
-    """One tag's cached keys / values per block (``(B, heads, tokens, head_dim)``): the last ``kept`` of the
-    ``frames`` frames written so far (a rolling cache drops the oldest; positions stay absolute)."""
-
-    keys: list[torch.Tensor] = field(default_factory=list)
-    values: list[torch.Tensor] = field(default_factory=list)
-    frames: int = 0
-    kept: int = 0
 
 
 class CausalAttention(nn.Module):
@@ -59,13 +46,14 @@ class CausalAttention(nn.Module):
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.proj = nn.Linear(hidden_size, hidden_size)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, masks: tuple[torch.Tensor | None, Any],
                 past: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Attention output, and this call's own keys and values (for the cache)."""
+        """Attention output under ``masks`` (``(SDPA mask, flex block mask)``, ``kv_cache.causal_masks``), and this
+        call's own keys and values (for the cache)."""
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
         keys, values = (k, v) if past is None else (torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2))
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        out = attend(q, keys, values, *masks)
         return self.proj(out.transpose(1, 2).reshape(b, n, c)), k, v
 
 
@@ -81,10 +69,10 @@ class CausalBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(hidden_size, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, hidden_size))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
 
-    def forward(self, x: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, c: torch.Tensor, masks: tuple[torch.Tensor | None, Any],
                 past: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN_modulation(c).chunk(6, dim=-1)  # (B, L, D) each
-        attn, k, v = self.attn(self.norm1(x) * (1 + scale1) + shift1, mask, past)
+        attn, k, v = self.attn(self.norm1(x) * (1 + scale1) + shift1, masks, past)
         x = x + gate1 * attn
         return x + gate2 * self.mlp(self.norm2(x) * (1 + scale2) + shift2), k, v
 
@@ -103,14 +91,16 @@ class CausalFinalLayer(nn.Module):
         return self.linear(self.norm(x) * (1 + scale) + shift)
 
 
-class CausalVideoDiT(nn.Module):
+class CausalVideoDiT(nn.Module, ChunkedKVCache):
     """``CausalVideoDiT(frames, height, width, in_channels, patch_size, hidden_size, depth, num_heads, num_classes,
-    chunk_frames, causal)`` on ``(B, C, F, H, W)`` videos (module docstring)."""
+    chunk_frames, causal, mlp_ratio, attention_backend)`` on ``(B, C, F, H, W)`` videos (module docstring)."""
 
     def __init__(self, frames: int = 8, height: int = 8, width: int = 16, in_channels: int = 1, patch_size: int = 2,
                  hidden_size: int = 96, depth: int = 4, num_heads: int = 4, num_classes: int = 10,
-                 chunk_frames: int = 2, causal: bool = True, mlp_ratio: float = 4.0) -> None:
+                 chunk_frames: int = 2, causal: bool = True, mlp_ratio: float = 4.0,
+                 attention_backend: str = "auto") -> None:
         super().__init__()
+        self.attention_backend = check_backend(attention_backend, "CausalVideoDiT")
         if height % patch_size or width % patch_size or hidden_size % 4:
             raise ValueError("height and width must be multiples of patch_size, hidden_size of 4")
         if chunk_frames < 1 or frames % chunk_frames:
@@ -129,8 +119,7 @@ class CausalVideoDiT(nn.Module):
         for layer in (self.final_layer.adaLN_modulation[-1], self.final_layer.linear):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
-        self._caches: dict[str, _Cache] = {}
-        self._active: tuple[str, bool, int | None] | None = None
+        self._init_caches()
 
     # ---- the contract ------------------------------------------------------------------------------------------
     def shard_units(self) -> list[nn.Module]:
@@ -143,33 +132,6 @@ class CausalVideoDiT(nn.Module):
     def bottleneck_feature_index(self) -> int:
         return len(self.blocks) // 2
 
-    # ---- caches ------------------------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def kv_cache(self, tag: str = "default", write: bool = False, keep_frames: int | None = None) -> Iterator[None]:
-        """Within the context, forwards attend to tag ``tag``'s cache (earlier chunks) and, with ``write``, append
-        their own keys and values to it - keeping only the last ``keep_frames`` frames when given (a rolling cache:
-        generation past the trained length attends to a window of recent chunks at their absolute positions)."""
-        if keep_frames is not None and (keep_frames < self.chunk_frames or keep_frames % self.chunk_frames):
-            raise ValueError(f"keep_frames must be a positive multiple of chunk_frames ({self.chunk_frames})")
-        previous, self._active = self._active, (tag, write, keep_frames)
-        try:
-            yield
-        finally:
-            self._active = previous
-
-    def clear_caches(self) -> None:
-        self._caches.clear()
-
-    def cached_frames(self, tag: str = "default") -> int:
-        """Frames written to tag ``tag`` so far (the next call's frame offset)."""
-        cache = self._caches.get(tag)
-        return cache.frames if cache is not None else 0
-
-    def kept_frames(self, tag: str = "default") -> int:
-        """Frames whose keys and values tag ``tag`` holds now."""
-        cache = self._caches.get(tag)
-        return cache.kept if cache is not None else 0
-
     # ---- forward -----------------------------------------------------------------------------------------------
     def _positions(self, frames: int, offset: int, device: torch.device) -> torch.Tensor:
         gh, gw = self.grid
@@ -179,14 +141,6 @@ class CausalVideoDiT(nn.Module):
         temporal = sincos(torch.arange(offset, offset + frames, device=device), self.hidden_size)  # (F, D)
         return (temporal[:, None, :] + spatial[None]).reshape(frames * gh * gw, self.hidden_size)
 
-    def _mask(self, frames: int, offset: int, past_frames: int, device: torch.device) -> torch.Tensor | None:
-        if not self.causal:
-            return None
-        per_frame = self.grid[0] * self.grid[1]
-        q_chunk = torch.arange(offset, offset + frames, device=device).repeat_interleave(per_frame) // self.chunk_frames
-        k_frames = torch.arange(offset - past_frames, offset + frames, device=device).repeat_interleave(per_frame)
-        return (k_frames // self.chunk_frames)[None, :] <= q_chunk[:, None]
-
     def forward(self, x: torch.Tensor, c_noise: torch.Tensor, condition: torch.Tensor | None = None,
                 r_noise: torch.Tensor | None = None, feature_indices: list[int] | None = None,
                 return_logvar: bool = False) -> Any:
@@ -194,12 +148,8 @@ class CausalVideoDiT(nn.Module):
             raise ValueError("CausalVideoDiT takes one time input and predicts no log-variance")
         b, c, frames, h, w = x.shape
         p, (gh, gw) = self.patch_size, self.grid
-        tag, write, keep = self._active if self._active is not None else (None, False, None)
-        cache = self._caches.setdefault(tag, _Cache()) if tag is not None else None
+        cache, write, keep = self._open_cache(frames)
         offset = cache.frames if cache is not None else 0
-        if self.causal and (offset % self.chunk_frames or (write and frames % self.chunk_frames)):
-            raise ValueError(f"cached calls go chunk by chunk ({self.chunk_frames} frames): {offset} cached, "
-                             f"{frames} given")
         tokens = x.reshape(b, c, frames, gh, p, gw, p).permute(0, 2, 3, 5, 1, 4, 6).reshape(b, frames * gh * gw, -1)
         hidden = self.x_embedder(tokens) + self._positions(frames, offset, x.device).to(x.dtype)
         times = c_noise if c_noise.dim() == 2 else c_noise[:, None].expand(b, frames)
@@ -208,31 +158,18 @@ class CausalVideoDiT(nn.Module):
         if self.y_embedder is not None:
             cond = cond + self.y_embedder(condition, b, cond.dtype)[:, None]
         kept = cache.kept if cache is not None else 0
-        mask = self._mask(frames, offset, kept, x.device)
+        masks = (causal_masks(self.attention_backend, frames, offset, kept, gh * gw, self.chunk_frames, x.device)
+                 if self.causal else (None, None))
         features: list[torch.Tensor] = []
         new_keys, new_values = [], []
         for i, block in enumerate(self.blocks):
-            past = None
-            if cache is not None and cache.kept:
-                past = (cache.keys[i], cache.values[i])
-            hidden, k, v = block(hidden, cond, mask, past)
+            hidden, k, v = block(hidden, cond, masks, cache.past(i) if cache is not None else None)
             new_keys.append(k)
             new_values.append(v)
             if feature_indices is not None and i in feature_indices:
                 features.append(hidden.transpose(1, 2).reshape(b, -1, frames * gh, gw))
         if cache is not None and write:
-            if not cache.kept:
-                cache.keys, cache.values = [k.detach() for k in new_keys], [v.detach() for v in new_values]
-            else:
-                cache.keys = [torch.cat([old, k.detach()], dim=2) for old, k in zip(cache.keys, new_keys)]
-                cache.values = [torch.cat([old, v.detach()], dim=2) for old, v in zip(cache.values, new_values)]
-            cache.frames += frames
-            cache.kept += frames
-            if keep is not None and cache.kept > keep:  # roll: drop the oldest frames' tokens
-                drop = (cache.kept - keep) * gh * gw
-                cache.keys = [k[:, :, drop:] for k in cache.keys]
-                cache.values = [v[:, :, drop:] for v in cache.values]
-                cache.kept = keep
+            cache.append(new_keys, new_values, frames, keep)
         out = self.final_layer(hidden, cond)  # (B, L, p p C') - C' = C, or heads * C once widened
         channels = out.shape[-1] // (p * p)
         out = out.reshape(b, frames, gh, gw, p, p, channels).permute(0, 6, 1, 2, 4, 3, 5).reshape(b, channels, frames, h, w)

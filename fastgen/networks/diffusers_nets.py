@@ -144,12 +144,23 @@ def folder_architecture(path: str, subfolder: str) -> dict[str, Any] | None:
     return None
 
 
+#: the modules whose backbones wrap diffusers models (``fastgen.networks.causal_wan``: the block-causal Wan)
+BACKBONE_MODULES = (__name__, "fastgen.networks.causal_wan")
+
+
 def diffusers_backbone_class(network: Any) -> type[DiffusersBackbone] | None:
-    """The backbone class of a ``DiffusionNet`` LazyCall when it is one of this module's (a latent model), else
-    None - read from the config, nothing built."""
+    """The backbone class of a ``DiffusionNet`` LazyCall when it is a ``DiffusersBackbone`` of ``BACKBONE_MODULES``
+    (a latent model), else None - read from the config, nothing built."""
+    import importlib
+
     backbone = getattr(network, "backbone", None) if network is not None else None
-    target = str(getattr(backbone, "_target_", "") or "")
-    return BACKBONES.get(target.rsplit(".", 1)[-1]) if target.startswith(__name__ + ".") else None
+    module, _, name = str(getattr(backbone, "_target_", "") or "").rpartition(".")
+    if module == __name__:
+        return BACKBONES.get(name)
+    if module not in BACKBONE_MODULES:
+        return None
+    found = getattr(importlib.import_module(module), name, None)
+    return found if isinstance(found, type) and issubclass(found, DiffusersBackbone) else None
 
 
 def adopt_folder_architecture(network: Any, path: str) -> bool:

@@ -119,6 +119,9 @@ def export_diffusers(src: str, out: str, only: str | None = None, weights: str |
     if which not in ("net", "ema", "teacher"):
         raise UsageError(f"--only {which}: --to diffusers exports net, ema or teacher")
     net = select_net(run, which)
+    if getattr(getattr(net, "backbone", None), "causal", False):
+        raise UsageError(f"--to diffusers: this run's {which} is block-causal (chunk by chunk with a KV cache), which "
+                         "a diffusers pipeline would run bidirectionally; sample it with fastgen instead")
     folder = weights or run.config.model.pretrained_model_path
     if not folder:
         raise UsageError("--to diffusers needs the teacher's pipeline folder: the run has no "

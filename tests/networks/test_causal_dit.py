@@ -7,14 +7,23 @@ from __future__ import annotations
 
 import pytest
 import torch
+from causal_checks import (
+    check_a_rolling_cache_generates_past_the_trained_length,
+    check_cached_equals_full,
+    check_flex_matches_sdpa,
+    check_later_chunks_never_change_earlier_ones,
+    check_sampling_with_the_cache_equals_rerunning_the_prefix,
+    check_tagged_caches,
+)
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.configs.net_dit import causal_video_dit
 
 
-def network(causal: bool = True):  # noqa: ANN201
+def network(causal: bool = True, attention_backend: str = "auto"):  # noqa: ANN201
     torch.manual_seed(0)
-    net = instantiate(causal_video_dit(hidden_size=32, depth=2, num_heads=2, causal=causal))
+    net = instantiate(causal_video_dit(hidden_size=32, depth=2, num_heads=2, causal=causal,
+                                       attention_backend=attention_backend))
     with torch.no_grad():  # adaLN-Zero starts at the identity: randomise so every path matters
         for p in net.parameters():
             p.normal_(0.0, 0.1)
@@ -26,54 +35,20 @@ def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.randn(2, 1, 8, 8, 16, generator=g), torch.rand(2, 8, generator=g) * 0.9 + 0.05, torch.tensor([3, 7])
 
 
+def test_the_flex_block_mask_matches_the_sdpa_mask() -> None:
+    check_flex_matches_sdpa(lambda backend: network(attention_backend=backend), *inputs())
+
+
 def test_cached_chunk_by_chunk_equals_the_masked_full_pass() -> None:
-    net = network()
-    x, t, y = inputs()
-    with torch.no_grad():
-        full = net(x, t, condition=y)
-        chunks = []
-        with net.backbone.kv_cache("cond", write=True):
-            for c in range(4):
-                chunks.append(net(x[:, :, 2 * c:2 * c + 2], t[:, 2 * c:2 * c + 2], condition=y))
-    assert net.backbone.cached_frames("cond") == 8
-    torch.testing.assert_close(torch.cat(chunks, dim=2), full, atol=1e-5, rtol=0)
+    check_cached_equals_full(network(), *inputs())
 
 
 def test_a_later_chunk_never_changes_an_earlier_chunks_output() -> None:
-    x, t, y = inputs()
-    changed = x.clone()
-    changed[:, :, 4:] = torch.randn(2, 1, 4, 8, 16)
-    for causal in (True, False):
-        net = network(causal)
-        with torch.no_grad():
-            before, after = net(x, t, condition=y), net(changed, t, condition=y)
-        earlier = float((before[:, :, :4] - after[:, :, :4]).abs().max())
-        assert (earlier == 0.0) if causal else (earlier > 1e-3), (causal, earlier)
-        assert float((before[:, :, 4:] - after[:, :, 4:]).abs().max()) > 1e-3
+    check_later_chunks_never_change_earlier_ones(network, *inputs())
 
 
 def test_caches_are_tagged_written_only_when_asked_and_cleared() -> None:
-    net = network()
-    backbone = net.backbone
-    x, t, y = inputs()
-    with torch.no_grad():
-        full = net(x, t, condition=y)
-        with backbone.kv_cache("cond", write=True):
-            net(x[:, :, :2], t[:, :2], condition=y)
-        with backbone.kv_cache("uncond", write=True):
-            net(x[:, :, :2], t[:, :2], condition=None)
-        # denoising steps on chunk 1 read the cache and leave it as it is (a generation's inner steps)
-        with backbone.kv_cache("cond"):
-            step = net(x[:, :, 2:4], t[:, 2:4], condition=y)
-            again = net(x[:, :, 2:4], t[:, 2:4], condition=y)
-    assert backbone.cached_frames("cond") == 2 and backbone.cached_frames("uncond") == 2
-    torch.testing.assert_close(step, full[:, :, 2:4], atol=1e-5, rtol=0)
-    torch.testing.assert_close(again, step)
-    backbone.clear_caches()
-    assert backbone.cached_frames("cond") == 0 and backbone.cached_frames("uncond") == 0
-    with pytest.raises(ValueError, match="chunk by chunk"):
-        with backbone.kv_cache("cond", write=True), torch.no_grad():
-            net(x[:, :, :1], t[:, :1], condition=y)
+    check_tagged_caches(network(), *inputs())
 
 
 def test_per_frame_times_are_each_frames_own() -> None:
@@ -113,41 +88,13 @@ def test_causal_sft_draws_one_time_per_chunk_and_trains(tmp_path, monkeypatch) -
 
 
 @pytest.mark.parametrize("guidance,context_time", [(None, 0.0), (2.0, 0.1)])
-def test_chunk_by_chunk_generation_with_the_cache_equals_rerunning_the_prefix(guidance, context_time) -> None:  # noqa: ANN001
-    """The sampler with its KV cache (two tags under guidance; the finished chunk cached clean or at a context
-    noise level) gives the video that re-running the whole prefix for every evaluation gives."""
-    from fastgen.networks.causal_sampling import sample_chunks
-
-    net = network()
+def test_chunk_by_chunk_generation_with_the_cache_equals_rerunning_the_prefix(guidance: float | None,
+                                                                            context_time: float) -> None:
     noise, _, y = inputs()
-    cached = sample_chunks(net, noise, y, steps=3, guidance=guidance, num_classes=10, context_time=context_time,
-                           generator=torch.Generator().manual_seed(4))
-    rerun = sample_chunks(net, noise, y, steps=3, guidance=guidance, num_classes=10, context_time=context_time,
-                          use_cache=False, generator=torch.Generator().manual_seed(4))
-    assert cached.shape == noise.shape and net.backbone.cached_frames("cond") == 0  # caches cleared after
-    torch.testing.assert_close(cached, rerun, atol=1e-4, rtol=0)
+    check_sampling_with_the_cache_equals_rerunning_the_prefix(network(), noise, y, guidance, context_time)
 
 
 def test_a_rolling_cache_generates_past_the_trained_length() -> None:
-    """16 frames from a network built for 8, attending to the last 4 frames: the cache never holds more, frames
-    keep their absolute positions (the first chunk equals a plain generation's), and the video is finite."""
-    from fastgen.networks.causal_sampling import sample_chunks
-
-    net = network()
-    backbone = net.backbone
-    kept: list[int] = []
-    original = backbone.forward
-
-    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        kept.append(backbone.kept_frames("cond"))
-        return original(*args, **kwargs)
-
-    backbone.forward = spy
+    """16 frames from a network built for 8, attending to the last 4 frames."""
     noise = torch.randn(2, 1, 16, 8, 16, generator=torch.Generator().manual_seed(5))
-    long = sample_chunks(net, noise, torch.tensor([1, 2]), steps=2, num_classes=10, keep_frames=4)
-    backbone.forward = original
-    short = sample_chunks(net, noise[:, :, :8], torch.tensor([1, 2]), steps=2, num_classes=10)
-    assert long.shape == (2, 1, 16, 8, 16) and torch.isfinite(long).all()
-    assert max(kept) == 4 and 0 in kept
-    torch.testing.assert_close(long[:, :, :4], short[:, :, :4], atol=1e-5, rtol=0)  # the window is not full yet
-    assert float((long[:, :, 6:8] - short[:, :, 6:8]).abs().max()) > 0  # chunk 3 no longer sees chunk 0
+    check_a_rolling_cache_generates_past_the_trained_length(network(), noise, torch.tensor([1, 2]), keep_frames=4)
