@@ -34,7 +34,7 @@ Examples:
 
 \b
 Metrics: digits fd_digits (+ accuracy), moving_digits fd_per_frame, temporal_consistency (+ accuracy,
-averaged over frames), toy energy_distance + sliced_wasserstein (SW_1, 256 projections), cifar10/imagenet fid, text-to-image fid and / or clip_score (100 * the cosine of CLIP's image and text
+averaged over frames), audio_video_digits those and spectral_fd, av_sync (+ pitch_accuracy), toy energy_distance + sliced_wasserstein (SW_1, 256 projections), cifar10/imagenet fid, text-to-image fid and / or clip_score (100 * the cosine of CLIP's image and text
 embeddings, at least 0, averaged; --clip-model: a local transformers CLIP folder). The data set is read
 from the file (fastgen sample records it) or from the shape; --dataset overrides. --inception-weights defaults to $FASTGEN_INCEPTION_WEIGHTS. Nothing is downloaded.
 """
@@ -42,7 +42,7 @@ from the file (fastgen sample records it) or from the shape; --dataset overrides
 
 def eval_samples(
     samples: str = typer.Argument(..., metavar="SAMPLES", help="An .npz of samples (arr_0, optional arr_1), a folder of them, a run directory (its samples/), or a `sample --prompt` folder."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="digits, moving_digits, toy:<name>, cifar10 or imagenet (default: detected).", show_default=False),
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="digits, moving_digits, audio_video_digits, toy:<name>, cifar10 or imagenet (default: detected).", show_default=False),
     inception_weights: Optional[str] = typer.Option(None, "--inception-weights", help="FID InceptionV3 state dict (default: $FASTGEN_INCEPTION_WEIGHTS).", show_default=False),
     ref_stats: Optional[str] = typer.Option(None, "--ref-stats", help="FID reference: .npz with mu/sigma, .npz of images, or an image folder.", show_default=False),
     clip_model: Optional[str] = typer.Option(None, "--clip-model", help="Text-to-image: a local transformers CLIP folder for the CLIP score.", show_default=False),
@@ -94,7 +94,8 @@ def eval_samples(
                                       progress=lambda k: progress.advance(task, k))
     else:
         metrics = evaluate_arrays(loaded.arr_0, loaded.arr_1, name, seed=seed, inception_weights=inception_weights,
-                                  ref_stats=ref_stats, batch_size=batch_size, device=resolved_device)
+                                  ref_stats=ref_stats, batch_size=batch_size, device=resolved_device,
+                                  audio=loaded.audio)
     elapsed = time.perf_counter() - start
 
     report = {"samples": [str(f) for f in loaded.files], "metrics": metrics, "seconds": round(elapsed, 3)}

@@ -17,8 +17,10 @@ Logged keys (all at ``step=iteration``, the number of completed optimizer steps)
   their shape (``media="auto"``): ``(N, C, T, H, W)`` -> a looping GIF of the sample grid (``wandb.Video``, written
   with Pillow: no moviepy or ffmpeg); ``(N, C, H, W)`` -> an image grid (``wandb.Image``); ``(N, 2)`` toy points ->
   a scatter plot; ``(N, C, T)`` or ``(N, T)`` waveforms -> up to ``max_audio`` clips logged as ``samples/<k>``
-  (``wandb.Audio`` of a 16-bit WAV written with the stdlib ``wave`` module: no soundfile). Local copies go to ``<run dir>/samples/iter_XXXXXXX.{png,gif}``
-  and ``iter_XXXXXXX_<k>.wav``;
+  (``wandb.Audio`` of a 16-bit WAV written with the stdlib ``wave`` module: no soundfile); an audio-visual model's
+  ``{"video", "audio"}`` samples -> the video GIF, and for the first ``max_audio`` samples their sound as
+  ``samples/audio_<k>`` and the video with its sound track as ``samples/av_<k>`` (an MP4, PyAV). Local copies go
+  to ``<run dir>/samples/iter_XXXXXXX.{png,gif}``, ``iter_XXXXXXX_<k>.wav`` and ``iter_XXXXXXX_{audio,av}_<k>.*``;
 * ``<module>/<key>`` media - whatever the log modules return (see ``fastgen.callbacks.log_modules.base``).
 
 A latent model's samples (a diffusers-backed network: SD, Flux, Wan) are decoded to pixels by its family's VAE,
@@ -317,6 +319,12 @@ class WandbCallback(Callback):
             return []
         generator = torch.Generator().manual_seed(self.sample_seed + rank)
         samples, labels = model.sample(count, generator=generator)
+        sound, rate = None, None
+        if isinstance(samples, dict):  # an audio-visual model: the video with its sound track
+            found = self._audio_visual(model, samples)
+            if found is None:
+                return []
+            samples, sound, rate = found
         samples = self._viewable(model, samples.detach())
         if samples is None:
             return []
@@ -335,10 +343,27 @@ class WandbCallback(Callback):
                 label=None if label_list[i] is None else int(label_list[i]),
                 caption=None if caption is None else str(caption),
                 fps=self.video_fps if kind == "video" else None,
-                sample_rate=self.sample_rate if kind == "audio" else None,
-                metadata=meta,
+                sample_rate=rate if sound is not None else self.sample_rate if kind == "audio" else None,
+                metadata=meta, audio=sound[i] if sound is not None else None,
             ))
         return entries
+
+    def _audio_visual(self, model: Any, samples: dict[str, torch.Tensor]
+                      ) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """``(videos, waveforms, sample_rate)`` of an audio-visual model's ``{"video", "audio"}`` samples, the audio
+        rendered as its data set says (``fastgen.evaluation.sampling.audio_renderer``); None (said once) when
+        there is no way to play it."""
+        from fastgen.evaluation.sampling import audio_renderer, dataset_of_config
+
+        renderer = audio_renderer(dataset_of_config(self.trainer.config)) if set(samples) == {"video", "audio"} else None
+        if renderer is None:
+            if not getattr(self, "_said_no_sound", False):
+                logger.warning("W&B samples of this multimodal model (%s) are not logged: no renderer for its audio",
+                               ", ".join(sorted(samples)))
+                self._said_no_sound = True
+            return None
+        render, rate = renderer
+        return samples["video"], render(samples["audio"].detach().float().cpu()), int(rate)
 
     def _viewable(self, model: Any, samples: torch.Tensor) -> torch.Tensor | None:
         """Samples as pixels: a latent model's (a diffusers-backed network) decoded by its family's VAE from
@@ -425,6 +450,8 @@ class WandbCallback(Callback):
                 import wandb
 
                 logged = wandb.Video(str(path), format="gif", caption=caption)  # a file path: no moviepy needed
+            if entries[0].audio is not None:
+                self._log_sound_tracks(entries, folder, iteration)
         elif kind == "audio":
             from fastgen.callbacks.log_modules.media import save_wav
 
@@ -443,6 +470,33 @@ class WandbCallback(Callback):
                               for k, (p, e) in enumerate(clips)}, step=iteration)
         if logged is not None and self.run is not None:
             self.run.log({"samples": logged}, step=iteration)
+
+    def _log_sound_tracks(self, entries: list[MediaEntry], folder: Path, iteration: int) -> None:
+        """The first ``max_audio`` audio-visual samples: each one's sound as ``samples/audio_<k>`` (a WAV) and the
+        video with its sound as ``samples/av_<k>`` (an MP4 with an AAC track; local copies beside the GIF)."""
+        from fastgen.callbacks.log_modules.media import save_wav
+        from fastgen.pipelines.media import write_mp4
+        from fastgen.utils.images import to_uint8
+
+        logged: dict[str, Any] = {}
+        for k, entry in enumerate(entries[: max(self.max_audio, 0)]):
+            assert entry.audio is not None and entry.sample_rate
+            wav = save_wav(entry.audio, entry.sample_rate, folder / f"iter_{iteration:07d}_audio_{k}.wav")
+            frames = to_uint8(entry.data.transpose(0, 1)).numpy()  # (T, H, W, C)
+            upscale = max(1, 64 // frames.shape[2])
+            frames = frames.repeat(upscale, axis=1).repeat(upscale, axis=2)
+            seconds = entry.audio.shape[-1] / entry.sample_rate
+            mp4 = folder / f"iter_{iteration:07d}_av_{k}.mp4"
+            write_mp4(mp4, frames, fps=max(1, round(frames.shape[0] / seconds)), audio=entry.audio.numpy(),
+                      sample_rate=entry.sample_rate)
+            if self.run is not None:
+                import wandb
+
+                caption = entry.caption or f"iteration {iteration} sample {k}"
+                logged[f"samples/audio_{k}"] = wandb.Audio(str(wav), sample_rate=entry.sample_rate, caption=caption)
+                logged[f"samples/av_{k}"] = wandb.Video(str(mp4), format="mp4", caption=caption)
+        if logged:
+            self.run.log(logged, step=iteration)
 
     def _log_module_result(self, name: str, result: Any, iteration: int) -> dict[str, float]:
         """Split what a module returned into scalars (returned, for aggregation) and media (logged now)."""

@@ -25,6 +25,17 @@ def moving_digits_loader(split: str = "train", batch_size: int = 32, frames: int
     )
 
 
+def audio_video_digits_loader(split: str = "train", batch_size: int = 32, frames: int = 8, width: int = 16,
+                              seed: int = 0) -> DictConfig:
+    """Moving-digits videos with their sound: ``{"video": (1, frames, 8, width), "audio": (1, frames, 16)}`` and the
+    digit's label (``fastgen.datasets.audio_video_digits``; a multimodal model's ``model.modality_shapes``)."""
+    return LazyCall("fastgen.datasets.loader.build_dataloader")(
+        dataset=LazyCall("fastgen.datasets.audio_video_digits.AudioVideoDigitsDataset")(split=split, frames=frames,
+                                                                                        width=width),
+        batch_size=batch_size, shuffle=True, seed=seed,
+    )
+
+
 def toy_loader(name: str = "eight_gaussians", batch_size: int = 256, num_samples: int = 50_000, seed: int = 0) -> DictConfig:
     return LazyCall("fastgen.datasets.loader.build_dataloader")(
         dataset=LazyCall("fastgen.datasets.toy.ToyDataset")(name=name, num_samples=num_samples, seed=seed),

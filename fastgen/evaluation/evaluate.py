@@ -8,7 +8,8 @@
 * ``evaluate_arrays(arr_0, arr_1, dataset, ...)`` - the metrics of ``dataset``:
   digits ``fd_digits`` (+ ``accuracy`` with labels, ``fastgen.evaluation.digits``); moving_digits (uint8
   ``(N, F, 8, W, 1)`` videos) ``fd_per_frame``, ``temporal_consistency`` (+ ``accuracy`` with labels,
-  ``fastgen.evaluation.moving_digits``); toy ``energy_distance`` and
+  ``fastgen.evaluation.moving_digits``); audio_video_digits (those videos and their ``audio``) adds
+  ``spectral_fd``, ``pitch_accuracy``, ``av_sync`` (``fastgen.evaluation.audio_video_digits``); toy ``energy_distance`` and
   ``sliced_wasserstein`` (``fastgen.evaluation.toy``); cifar10/imagenet ``fid`` (``fastgen.evaluation.fid``,
   needs local Inception weights and reference statistics).
 * ``evaluate_model(model, n, seed, steps, net, dataset)`` - draw ``n`` samples from a model in memory and score
@@ -30,7 +31,7 @@ from fastgen.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-DATASETS = ("digits", "moving_digits", "toy:<name>", "cifar10", "imagenet")
+DATASETS = ("digits", "moving_digits", "audio_video_digits", "toy:<name>", "cifar10", "imagenet")
 
 
 @dataclass
@@ -41,9 +42,10 @@ class SampleSet:
     arr_1: np.ndarray | None
     dataset: str | None  # from the files' ``fastgen_dataset`` entry, when present
     files: list[Path] = field(default_factory=list)
+    audio: np.ndarray | None = None  # an audio-visual model's audio samples, paired with the videos of arr_0
 
 
-def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray | None, str | None]:
+def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray | None, str | None, np.ndarray | None]:
     import zipfile
 
     if not zipfile.is_zipfile(path):
@@ -56,7 +58,8 @@ def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray | None, str | None]:
                                  "expected samples from `fastgen sample`")
             labels = np.asarray(data["arr_1"]) if "arr_1" in data else None
             dataset = str(data["fastgen_dataset"]) if "fastgen_dataset" in data else None
-            return np.asarray(data["arr_0"]), labels, dataset
+            audio = np.asarray(data["audio"]) if "audio" in data else None
+            return np.asarray(data["arr_0"]), labels, dataset, audio
     except (OSError, ValueError, EOFError) as exc:
         raise UsageError(f"cannot read {path} as .npz samples ({str(exc).strip().splitlines()[0][:160]})") from None
 
@@ -91,7 +94,11 @@ def load_sample_files(path: str | os.PathLike[str]) -> SampleSet:
     arr_1 = np.concatenate([p[1] for p in parts]) if all(with_labels) else None
     if arr_1 is not None and arr_1.shape[0] != arr_0.shape[0]:
         raise UsageError(f"{target}: {arr_0.shape[0]} samples but {arr_1.shape[0]} labels")
-    return SampleSet(arr_0, arr_1, datasets.pop() if datasets else None, files)
+    with_audio = [p[3] is not None for p in parts]
+    if any(with_audio) and not all(with_audio):
+        raise UsageError(f"some .npz files in {target} have audio and some do not")
+    audio = np.concatenate([p[3] for p in parts]) if all(with_audio) else None
+    return SampleSet(arr_0, arr_1, datasets.pop() if datasets else None, files, audio)
 
 
 def _toy_name(name: str) -> str:
@@ -118,9 +125,9 @@ def detect_dataset(arr_0: np.ndarray, hint: str | None = None, recorded: str | N
             if choice == "toy":
                 raise UsageError("--dataset toy needs the distribution: toy:eight_gaussians, toy:checkerboard, ...")
             return f"toy:{_toy_name(choice.split(':', 1)[1])}"
-        if choice == "moving_digits":
+        if choice in ("moving_digits", "audio_video_digits"):
             if not moving:
-                raise UsageError(f"--dataset moving_digits: expected uint8 (N, F, 8, W, 1) videos, got {dtype} {shape}")
+                raise UsageError(f"--dataset {choice}: expected uint8 (N, F, 8, W, 1) videos, got {dtype} {shape}")
             return choice
         if choice == "digits":
             if not digits:
@@ -147,7 +154,8 @@ def detect_dataset(arr_0: np.ndarray, hint: str | None = None, recorded: str | N
 def evaluate_arrays(arr_0: np.ndarray, arr_1: np.ndarray | None, dataset: str, seed: int = 12345,
                     inception_weights: str | os.PathLike[str] | None = None,
                     ref_stats: str | os.PathLike[str] | None = None, batch_size: int = 64,
-                    device: str = "cpu", progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                    device: str = "cpu", progress: Callable[[int], None] | None = None,
+                    audio: np.ndarray | None = None) -> dict[str, Any]:
     """Metrics of samples for ``dataset`` (see the module docstring); always includes ``dataset`` and
     ``num_samples``. ``seed`` draws the toy reference points and projections."""
     if dataset == "digits":
@@ -155,14 +163,21 @@ def evaluate_arrays(arr_0: np.ndarray, arr_1: np.ndarray | None, dataset: str, s
         from fastgen.evaluation.digits import frechet_distance_digits
 
         metrics: dict[str, Any] = frechet_distance_digits(arr_0, arr_1)
-    elif dataset == "moving_digits":
+    elif dataset in ("moving_digits", "audio_video_digits"):
         check_fd_sample_count(len(arr_0), "digits")
         import torch
 
         from fastgen.evaluation.moving_digits import score_videos
 
         videos = torch.from_numpy(np.ascontiguousarray(arr_0)).float().div(127.5).sub(1.0).permute(0, 4, 1, 2, 3)
-        metrics = score_videos(videos, arr_1)
+        if dataset == "moving_digits":
+            metrics = score_videos(videos, arr_1)
+        else:
+            from fastgen.evaluation.audio_video_digits import score_audio_video
+
+            if audio is None or len(audio) != len(arr_0):
+                raise UsageError("audio_video_digits samples need their audio (the .npz's audio entry, one per video)")
+            metrics = score_audio_video(videos, torch.from_numpy(np.asarray(audio, dtype=np.float32)), arr_1)
     elif dataset.startswith("toy:"):
         from fastgen.evaluation.toy import toy_metrics
 
@@ -218,9 +233,12 @@ def evaluate_model(model: Any, n: int, seed: int = 0, steps: int | None = None, 
     from fastgen.evaluation.sampling import draw_samples, sample_arrays
 
     samples, labels = draw_samples(model, n, seed=seed, batch_size=batch_size, net=net, steps=steps)
+    audio = None
+    if isinstance(samples, dict):  # an audio-visual model: the videos as files hold them, the audio as drawn
+        samples, audio = samples["video"], samples["audio"].float().numpy()
     arrays = sample_arrays(samples, labels)
     name = detect_dataset(arrays["arr_0"], hint=dataset)
-    return evaluate_arrays(arrays["arr_0"], arrays.get("arr_1"), name, **fid_options)
+    return evaluate_arrays(arrays["arr_0"], arrays.get("arr_1"), name, audio=audio, **fid_options)
 
 
 __all__ = ["SampleSet", "detect_dataset", "evaluate_arrays", "evaluate_model", "load_sample_files"]

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from fastgen.checkpoint.run import LoadedRun, load_model_weights, load_run, select_net
+from fastgen.networks.modalities import cat, is_multimodal, per_modality
 from fastgen.utils.errors import UsageError
 from fastgen.utils.logging import get_logger
 
@@ -112,6 +113,10 @@ def draw_samples(model: Any, n: int, seed: int = 0, batch_size: int = 256, net: 
     device = next(net.parameters()).device
     dtype = getattr(model, "precision", torch.float32)
     scheduler = getattr(net, "noise_scheduler", None) or model.noise_scheduler
+    shapes = getattr(model.config, "modality_shapes", None)
+    # a multimodal model draws each modality's noise from its own seed (modality k > 0: a seed derived from (seed, k))
+    plan = ({name: (tuple(int(d) for d in shape), seed if k == 0 else _derived_seed(seed, k, 2))
+             for k, (name, shape) in enumerate(shapes.items())} if shapes else None)
     shape = tuple(int(s) for s in model.config.input_shape)
     if labels is None:
         labels = balanced_labels(n, int(getattr(model, "num_classes", 0)), label)
@@ -122,17 +127,21 @@ def draw_samples(model: Any, n: int, seed: int = 0, batch_size: int = 256, net: 
     try:
         for start in range(0, n, batch_size):
             count = min(batch_size, n - start)
-            noise = initial_noise(scheduler, shape, seed, start, count).to(device=device, dtype=dtype)
+            if plan is None:
+                noise = initial_noise(scheduler, shape, seed, start, count).to(device=device, dtype=dtype)
+            else:
+                noise = {name: initial_noise(scheduler, dims, s, start, count).to(device=device, dtype=dtype)
+                         for name, (dims, s) in plan.items()}
             condition = labels[start : start + count].to(device) if labels is not None else None
             with torch.random.fork_rng(devices=cuda), _inference_autocast(model):
                 torch.manual_seed(_batch_seed(seed, start))
                 x = model.generator_fn(net, noise, steps=steps, condition=condition)
-            outputs.append(x.float().cpu())
+            outputs.append(per_modality(lambda v: v.float().cpu(), x))
             if progress is not None:
                 progress(count)
     finally:
         net.train(was_training)
-    return torch.cat(outputs), labels
+    return cat(outputs), labels
 
 
 # ---------------------------------------------------------------------------------------------------- files
@@ -172,6 +181,8 @@ def save_samples(path: str | os.PathLike[str], samples: torch.Tensor, labels: to
         npz = npz.with_suffix(".npz")
     elif npz.suffix != ".npz":
         npz = npz.with_name(npz.name + ".npz")
+    if is_multimodal(samples):
+        return _save_audio_video(npz, samples, labels, dataset, grid_size, nrow)
     arrays = sample_arrays(samples, labels, dataset)
     with atomic_open(npz, "wb") as handle:
         np.savez(handle, **arrays)
@@ -197,6 +208,56 @@ def save_samples(path: str | os.PathLike[str], samples: torch.Tensor, labels: to
     return npz, [png]
 
 
+#: How many audio-visual samples ``save_samples`` also writes as MP4 files with their sound.
+AV_FILES = 8
+
+
+def _save_audio_video(npz: Path, samples: dict[str, torch.Tensor], labels: torch.Tensor | None,
+                      dataset: str | None, grid_size: int, nrow: int | None) -> tuple[Path, list[Path]]:
+    """An audio-visual model's samples (``{"video", "audio"}``): the ``.npz`` (``arr_0`` the uint8 videos, ``audio``
+    the float32 audio samples as the model draws them, ``waveform`` the rendered sound, ``sample_rate``), a GIF
+    of the video grid, and the first ``AV_FILES`` samples as MP4 files with their sound (``<stem>_NNNN.mp4``)."""
+    from fastgen.pipelines.media import write_mp4
+    from fastgen.utils.images import save_samples_video, to_uint8
+    from fastgen.utils.io import atomic_open
+
+    if set(samples) != {"video", "audio"}:
+        raise UsageError(f"saving multimodal samples needs the modalities video and audio; got {sorted(samples)}")
+    video, audio = samples["video"], samples["audio"]
+    renderer = audio_renderer(dataset)
+    if renderer is None:
+        raise UsageError(f"no way to turn the audio samples of {dataset or 'this data set'} into sound")
+    render, rate = renderer
+    waveforms = render(audio).float()
+    arrays = sample_arrays(video, labels, dataset)
+    arrays.update(audio=audio.float().numpy(), waveform=waveforms.numpy(), sample_rate=np.array(rate))
+    with atomic_open(npz, "wb") as handle:
+        np.savez(handle, **arrays)
+    shown = video[:grid_size]
+    if nrow is None and labels is not None:
+        nrow = _class_columns(labels[: len(shown)])
+    previews = [save_samples_video(shown, npz.with_suffix(".gif"), nrow=nrow)]
+    n, c, f, h, w = video.shape
+    upscale = max(1, 64 // w)
+    for i in range(min(AV_FILES, n)):
+        frames = to_uint8(video[i].transpose(0, 1)).numpy()  # (F, H, W, C)
+        frames = frames.repeat(upscale, axis=1).repeat(upscale, axis=2)
+        path = npz.with_name(f"{npz.stem}_{i:04d}.mp4")
+        write_mp4(path, frames, fps=max(1, round(f / (waveforms.shape[-1] / rate))), audio=waveforms[i].numpy(),
+                  sample_rate=rate)
+        previews.append(path)
+    return npz, previews
+
+
+def audio_renderer(dataset: str | None) -> tuple[Callable[[torch.Tensor], torch.Tensor], int] | None:
+    """``(render, sample_rate)`` turning a data set's audio samples into ``(N, channels, samples)`` waveforms."""
+    if dataset == "audio_video_digits":
+        from fastgen.datasets.audio_video_digits import SAMPLE_RATE, spectrogram_to_waveform
+
+        return spectrogram_to_waveform, SAMPLE_RATE
+    return None
+
+
 def _class_columns(labels: torch.Tensor) -> int | None:
     """``C`` when ``labels`` are the balanced ``0..C-1, 0..C-1, ...`` (a grid row then holds each class once)."""
     classes = int(labels.max()) + 1
@@ -214,6 +275,8 @@ def dataset_of_config(config: Any) -> str | None:
         return "digits"
     if target.endswith("moving_digits.MovingDigitsDataset"):
         return "moving_digits"
+    if target.endswith("audio_video_digits.AudioVideoDigitsDataset"):
+        return "audio_video_digits"
     if target.endswith("toy.ToyDataset"):
         return f"toy:{dataset.get('name', 'eight_gaussians')}"
     lowered = target.lower()

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from multimodal_nets import two_stream_net as shared_two_stream_net
 from torch import nn
 
 from fastgen.configs.instantiate import LazyCall, instantiate
 from fastgen.configs.methods.config_sft import create_config
 from fastgen.distributed.keyed_rng import KeyedNoise
-from fastgen.networks.diffusion_net import DiffusionNet
 from fastgen.networks.noise_schedules import EDMNoiseScheduler, RectifiedFlowScheduler
 from fastgen.networks.sampling import heun_sample
 from fastgen.utils.errors import ConfigError
@@ -19,29 +19,8 @@ from fastgen.utils.errors import ConfigError
 SHAPES = {"video": [1, 4, 4, 6], "audio": [2, 4, 5]}
 
 
-class TwoStream(nn.Module):
-    """A toy two-stream backbone: each modality's prediction depends on both modalities and on its own time."""
-
-    def __init__(self, num_classes: int = 0) -> None:
-        super().__init__()
-        self.video = nn.Linear(96 + 40 + 1 + num_classes, 96)
-        self.audio = nn.Linear(96 + 40 + 1 + num_classes, 40)
-        self.num_classes = num_classes
-
-    def forward(self, x, c_noise, condition=None, feature_indices=None, **_):  # noqa: ANN001, ANN003, ANN201
-        b = x["video"].shape[0]
-        cond = [] if not self.num_classes else [torch.zeros(b, self.num_classes) if condition is None else
-                                                nn.functional.one_hot(condition, self.num_classes).float()
-                                                if condition.dim() == 1 else condition.float()]
-        both = [x["video"].flatten(1), x["audio"].flatten(1)]
-        v = self.video(torch.cat([*both, c_noise["video"][:, None], *cond], 1)).reshape(x["video"].shape)
-        a = self.audio(torch.cat([*both, c_noise["audio"][:, None], *cond], 1)).reshape(x["audio"].shape)
-        return {"video": v, "audio": a}
-
-
 def two_stream_net(schedule=None, num_classes: int = 0):  # noqa: ANN001, ANN201
-    return LazyCall(DiffusionNet)(backbone=LazyCall(TwoStream)(num_classes=num_classes),
-                                  noise_scheduler=schedule or LazyCall(RectifiedFlowScheduler)())
+    return shared_two_stream_net(SHAPES, num_classes=num_classes, schedule=schedule)
 
 
 def sample_of(batch: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -117,7 +96,7 @@ def test_multimodal_sft_draws_times_and_sums_weighted_losses(times: str) -> None
         expected = (pred - sched.target(x0, eps, t[name])).square().mean()
         torch.testing.assert_close(loss[f"denoising_loss_{name}"], expected, rtol=1e-4, atol=1e-5)
     loss["total_loss"].backward()
-    assert model.net.backbone.audio.weight.grad is not None and model.net.backbone.video.weight.grad is not None
+    assert model.net.backbone.heads.audio.weight.grad is not None and model.net.backbone.heads.video.weight.grad is not None
 
 
 def test_multimodal_sampling_returns_every_modality() -> None:
@@ -197,7 +176,7 @@ def test_multimodal_dmd2_trains_both_iterations_and_samples() -> None:
     assert {"vsd_loss_video", "vsd_loss_audio", "dmd_grad_norm_audio"} <= set(student)
     assert {"fake_score_loss_video", "fake_score_loss_audio"} <= set(critic)
     critic["total_loss"].backward()
-    assert model.fake_score.backbone.audio.weight.grad is not None
+    assert model.fake_score.backbone.heads.audio.weight.grad is not None
     samples, _ = model.sample(3, generator=torch.Generator().manual_seed(0))
     assert {n: list(v.shape[1:]) for n, v in samples.items()} == SHAPES
 

@@ -47,6 +47,8 @@ class MediaEntry:
     fps: float | None = None
     sample_rate: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: an audio-visual sample's sound track: a ``(channels, T)`` waveform in ``[-1, 1]`` at ``sample_rate`` Hz
+    audio: torch.Tensor | None = None
 
 
 class LogModule:
