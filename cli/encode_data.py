@@ -94,6 +94,9 @@ def encode_data(
         load_credentials(credentials_dir)
     shards = _shards(src, shard_size)
     family = codec_family(folder)
+    if family == "ltx2":  # its samples hold sound too: video-only shards would not train it
+        raise UsageError(f"{folder}: encode-data does not encode LTX-2's audio stream yet; encode clips with "
+                         "fastgen.networks.ltx2_codec.LTX2Codec (encode_images, encode_audio, encode_prompts)")
     _check_frames(family, folder, frames)
     if wants_launch(nproc_per_node, nnodes):
         from fastgen.cli.launching import launch_this_command

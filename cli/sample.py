@@ -186,6 +186,9 @@ def _sample_prompts(run, net, which: str, prompts: list[str], per_prompt: int, s
     from fastgen.utils.errors import UsageError
     from fastgen.utils.io import check_writable_dir
 
+    if getattr(run.config.model, "modality_shapes", None):
+        raise UsageError("--prompt samples latent models of one modality; this run is multimodal (model.modality_shapes, "
+                         "e.g. LTX-2's video and audio): export it with convert-ckpt --to diffusers and sample its pipeline")
     folder = weights or run.config.model.pretrained_model_path
     if not folder:
         raise UsageError("--prompt needs the model's diffusers pipeline folder (its VAE and text encoders): the run "

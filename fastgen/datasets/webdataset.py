@@ -7,7 +7,9 @@ fields ``png`` and ``cls``). Fields are decoded by extension: ``png/jpg/jpeg/web
 in ``[-1, 1]`` (``p / 127.5 - 1``, as the image zip), ``npy`` -> a tensor, ``cls`` -> int64, ``json`` -> the parsed
 value and ``txt`` -> a string (those two are kept as lists in the batch), and the pseudo-fields ``__key__`` /
 ``__url__`` -> the sample's key and its shard. ``fields`` maps batch keys to ``;``-separated extensions, the
-first one a sample has wins (``{"real": "png;jpg", "condition": "cls"}``).
+first one a sample has wins (``{"real": "png;jpg", "condition": "cls"}``). A dotted key nests: ``{"real.video":
+"latent.npy", "real.audio": "audio.npy"}`` gives ``batch["real"] = {"video": ..., "audio": ...}``, a multimodal
+sample (``fastgen.networks.modalities``).
 
 **Sources.** ``datatags`` is a list of ``WDS:<location>``: a local folder (every ``*.tar`` below it), one ``.tar``
 file, or ``s3://bucket/prefix`` (every ``.tar`` key below it, listed with boto3 and streamed with ranged GETs
@@ -331,6 +333,10 @@ def parse_fields(fields: dict[str, str] | None) -> dict[str, tuple[str, ...]]:
         if not options:
             raise UsageError(f"fields.{name}: no extensions")
         parsed[str(name)] = options
+    nested = {str(name).partition(".")[0] for name in parsed if "." in str(name)}
+    clash = sorted(nested & set(parsed))
+    if clash:
+        raise UsageError(f"fields.{clash[0]}: the key is also the prefix of a dotted one ({clash[0]}.*); use either")
     return parsed
 
 
@@ -366,9 +372,14 @@ def collate(samples: list[dict[str, Any]], ids: list[int]) -> dict[str, Any]:
             if len(shapes) > 1:
                 raise FastGenRuntimeError(f"field {name!r} has different shapes in one batch ({sorted(shapes)}): "
                                           "every sample of a WebDataset must have the same size")
-            batch[name] = torch.stack(values)
+            value: Any = torch.stack(values)
         else:
-            batch[name] = values
+            value = values
+        outer, dotted, inner = name.partition(".")
+        if dotted:  # "real.video": one modality of a multimodal sample
+            batch.setdefault(outer, {})[inner] = value
+        else:
+            batch[name] = value
     batch["sample_ids"] = torch.tensor(ids, dtype=torch.int64)
     return batch
 

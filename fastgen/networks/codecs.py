@@ -22,6 +22,8 @@ distilled student is only usable in the family's pipeline if fastgen does both e
 * **CogVideoX** (``CogVideoXPipeline``, video): ``z = s E(x)`` with the 3-D VAE's ``scaling_factor``, videos
   ``(B, C, F, H, W)`` (``(F - 1) / 4 + 1`` latent frames; an image is one frame); prompts -> T5's last hidden state
   of the prompt padded to ``max_sequence_length`` (226), without an attention mask.
+* **LTX-2** (``LTX2Pipeline``, video with sound): ``fastgen.networks.ltx2_codec`` (``LAZY_CODECS``: its module imports
+  this one) - the video and audio VAEs, the vocoder, Gemma-3 through the text connectors.
 
 ``E(x)`` is the mode (mean) of the VAE's posterior unless a generator is given (then a sample, as diffusers'
 training scripts draw): deterministic latents make a data set reproducible. Pixels are ``[-1, 1]``.
@@ -421,7 +423,20 @@ class CogVideoXCodec(Codec):
 CODECS: dict[str, type[Codec]] = {cls.family: cls for cls in (SDCodec, SDXLCodec, FluxCodec, WanCodec,
                                                              QwenImageCodec, CogVideoXCodec)}
 _BY_PIPELINE = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl", "FluxPipeline": "flux",
-                "WanPipeline": "wan", "QwenImagePipeline": "qwenimage", "CogVideoXPipeline": "cogvideox"}
+                "WanPipeline": "wan", "QwenImagePipeline": "qwenimage", "CogVideoXPipeline": "cogvideox",
+                "LTX2Pipeline": "ltx2"}
+#: codecs in modules of their own, which import this one (so they are looked up by name when used): family -> class
+LAZY_CODECS = {"ltx2": "fastgen.networks.ltx2_codec.LTX2Codec"}
+
+
+def codec_class(family: str) -> type[Codec]:
+    """The codec class of ``family`` (``CODECS``, or imported from ``LAZY_CODECS``)."""
+    if family in CODECS:
+        return CODECS[family]
+    import importlib
+
+    module, _, name = LAZY_CODECS[family].rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def codec_family(folder: str | Path, family: str | None = None) -> str:
@@ -436,8 +451,8 @@ def codec_family(folder: str | Path, family: str | None = None) -> str:
         family = _BY_PIPELINE.get(pipeline)
         if family is None:
             raise UsageError(f"{folder}: no codec for the pipeline {pipeline!r} (known: {', '.join(_BY_PIPELINE)})")
-    if family not in CODECS:
-        raise UsageError(f"unknown codec family {family!r} (known: {', '.join(CODECS)})")
+    if family not in CODECS and family not in LAZY_CODECS:
+        raise UsageError(f"unknown codec family {family!r} (known: {', '.join([*CODECS, *LAZY_CODECS])})")
     return family
 
 
@@ -450,7 +465,7 @@ def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype
     if text:
         import_extra("transformers", "text encoders")
     with quiet_libraries():
-        return CODECS[family].from_pretrained(folder, dtype=dtype, text=text, **kwargs)
+        return codec_class(family).from_pretrained(folder, dtype=dtype, text=text, **kwargs)
 
 
 __all__ = [
@@ -462,6 +477,7 @@ __all__ = [
     "SDCodec",
     "SDXLCodec",
     "WanCodec",
+    "codec_class",
     "codec_family",
     "load_codec",
 ]

@@ -52,6 +52,7 @@ from torch import nn
 
 from fastgen.networks.heads import HeadSpec
 from fastgen.networks.layers import contract_output
+from fastgen.networks.modalities import batch_size, first_tensor
 from fastgen.utils.errors import UsageError
 from fastgen.utils.safe_pickle import torch_load
 
@@ -145,7 +146,7 @@ def folder_architecture(path: str, subfolder: str) -> dict[str, Any] | None:
 
 
 #: the modules whose backbones wrap diffusers models (``fastgen.networks.causal_wan``: the block-causal Wan)
-BACKBONE_MODULES = (__name__, "fastgen.networks.causal_wan")
+BACKBONE_MODULES = (__name__, "fastgen.networks.causal_wan", "fastgen.networks.ltx2", "fastgen.networks.cosmos3")
 
 
 def diffusers_backbone_class(network: Any) -> type[DiffusersBackbone] | None:
@@ -172,9 +173,10 @@ def adopt_folder_architecture(network: Any, path: str) -> bool:
     if cls is None:
         return False
     backbone = network.backbone
+    adopted = cls.adopt_folder(backbone, path)  # what else the folder decides (Cosmos 3: its tokenizer)
     found = folder_architecture(path, cls.weights_subfolder)
     if found is None:
-        return False
+        return adopted
     backbone.config = found
     return True
 
@@ -196,9 +198,20 @@ class DiffusersBackbone(nn.Module):
         super().__init__()
         diffusers = import_diffusers()
         self.model = getattr(diffusers, self.model_class).from_config(dict(config))
-        self.text_dim = int(config[self.text_dim_key])
+        self.text_dim = self.text_width(config)
         bank = self._prompt_bank(prompt_embeddings, num_prompts, prompt_tokens + self.bank_extra_tokens)
         self.register_buffer("prompt_bank", bank if bank is not None else torch.zeros(0, 1, self.text_dim))
+
+    @classmethod
+    def adopt_folder(cls, backbone: Any, path: str) -> bool:
+        """Besides the architecture, what the weights folder ``path`` decides in the backbone's config node
+        (``adopt_folder_architecture``, on every rank before a build); returns whether it changed it. Default: nothing."""
+        return False
+
+    @classmethod
+    def text_width(cls, config: dict[str, Any]) -> int:
+        """The width ``D`` of the ``condition`` rows (``text_dim_key``'s entry; LTX-2: its two streams' together)."""
+        return int(config[cls.text_dim_key])
 
     def _prompt_bank(self, path: str | None, num_prompts: int, tokens: int) -> torch.Tensor | None:
         """``(num_prompts, T, D)``: read from ``path`` (a safetensors or ``torch.save`` file holding one tensor of
@@ -287,7 +300,8 @@ class DiffusersBackbone(nn.Module):
 
             handles.append(units[index].register_forward_hook(keep))
         try:
-            text = self.text_embeddings(condition, x.shape[0], x.dtype, x.device)
+            like = first_tensor(x)  # a multimodal backbone (LTX-2) takes a dict of modalities
+            text = self.text_embeddings(condition, batch_size(x), like.dtype, like.device)
             out = self._call(x, c_noise, text)
         finally:
             for handle in handles:

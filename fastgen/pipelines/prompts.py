@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastgen.networks import modalities
 from fastgen.pipelines.noise import PipelineNoise, seeded
 from fastgen.pipelines.schedulers import SamplingPlan, plan_of
 from fastgen.utils.errors import UsageError
@@ -40,7 +41,8 @@ def ode_sample(net: nn.Module, noise: torch.Tensor, condition: torch.Tensor, unc
     """The DDIM ODE over ``plan.times`` from ``noise`` with guidance ``plan.guidance``: on the denoised estimate
     when it is linear (then the same as guiding the noise or the velocity, as the pipelines do), else on the
     native prediction by the backbone's own rule (``DiffusersBackbone.guide``; Qwen-Image's norm rescale of the
-    velocity), converted to the denoised estimate after."""
+    velocity), converted to the denoised estimate after. ``noise`` may be a multimodal sample (a dict of modalities,
+    ``fastgen.networks.modalities``; LTX-2): every modality steps on the same grid, guided with the same scale."""
     schedule = net.noise_scheduler
     backbone = getattr(net, "backbone", None)
     native = not getattr(backbone, "linear_guidance", True)
@@ -48,21 +50,22 @@ def ode_sample(net: nn.Module, noise: torch.Tensor, condition: torch.Tensor, unc
     x0 = x
     guided = plan.guidance != 1.0 and uncondition is not None
     for i, t in enumerate(plan.times):
-        t_vec = torch.full((x.shape[0],), t, device=x.device, dtype=x.dtype)
+        like = modalities.first_tensor(x)
+        t_vec = torch.full((modalities.batch_size(x),), t, device=like.device, dtype=like.dtype)
         if guided:
             kind = net.native_pred_type if native else "x0"
-            both = net(torch.cat([x, x]), torch.cat([t_vec, t_vec]), condition=torch.cat([condition, uncondition]),
+            both = net(modalities.cat([x, x]), torch.cat([t_vec, t_vec]), condition=torch.cat([condition, uncondition]),
                        fwd_pred_type=kind)
-            c, u = both.chunk(2)
+            c, u = modalities.chunk(both, 2)
             if native:
                 x0 = schedule.convert(backbone.guide(c, u, plan.guidance), x, t_vec, kind, "x0")
             else:
-                x0 = u + plan.guidance * (c - u)
+                x0 = modalities.per_modality(lambda c_m, u_m: u_m + plan.guidance * (c_m - u_m), c, u)
         else:
             x0 = net(x, t_vec, condition=condition, fwd_pred_type="x0")
         if i + 1 < len(plan.times):
             a, b = schedule.ddim_coefficients(t, plan.times[i + 1])
-            x = float(a) * x0 + float(b) * x
+            x = modalities.per_modality(lambda x0_m, x_m: float(a) * x0_m + float(b) * x_m, x0, x)
     return x0
 
 

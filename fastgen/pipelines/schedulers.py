@@ -22,6 +22,8 @@ wan        as flux; ``WanPipeline`` takes no ``sigmas``: the grid      as renois
            comes from ``num_inference_steps`` and ``shift_terminal``
 qwenimage  as flux (``sigmas``: the times, no dynamic shift)           as renoise; guidance is the pipeline's
                                                                        ``true_cfg_scale`` against ``""``
+ltx2       refused (its re-noising per stream is not reproduced)       as flux, one guidance for video and audio,
+                                                                       no rescale / STG / modality guidance
 cogvideox  ``LCMScheduler`` as sd, its ``trained_betas`` those of      ``CogVideoXDDIMScheduler`` with the model's
            CogVideoX's ``alphas_cumprod`` (SNR shift, zero terminal    own schedule, "trailing": its grid comes
            SNR: LCM has neither)                                       from ``num_inference_steps`` (it steps
@@ -154,6 +156,17 @@ def _flow(plan: SamplingPlan, schedule: Any, family: str, backbone: Any) -> Diff
         call["true_cfg_scale"] = plan.guidance
         if plan.guidance != 1.0:
             call["negative_prompt"] = ""
+    elif family == "ltx2":
+        # LTX2Pipeline: one guidance scale for both streams (its defaults guide audio harder, rescale the guided x0 and
+        # add STG and modality-isolation passes, which fastgen does not sample with); re-noising it draws per stream
+        # from the global generator in its packed layouts, which fastgen's multimodal students do not reproduce
+        if stochastic:
+            raise UsageError("an LTX-2 student's re-noising between steps is not reproduced by LTX2Pipeline's "
+                             "scheduler; export the teacher or an ODE-sampled network")
+        call["sigmas"] = list(plan.times)
+        call.update(guidance_scale=plan.guidance, audio_guidance_scale=plan.guidance, guidance_rescale=0.0,
+                    audio_guidance_rescale=0.0, stg_scale=0.0, audio_stg_scale=0.0, modality_scale=1.0,
+                    audio_modality_scale=1.0)
     else:
         config["shift_terminal"] = plan.times[-1] if n > 1 else None
         call["guidance_scale"] = plan.guidance
@@ -220,7 +233,7 @@ def diffusers_sampling(family: str, plan: SamplingPlan, net: Any) -> DiffusersSa
                          "from unit noise at any first step, fastgen from pure noise at that time's level")
     if family in ("sd", "sdxl"):
         return _sd(plan, schedule)
-    if family in ("flux", "wan", "qwenimage"):
+    if family in ("flux", "wan", "qwenimage", "ltx2"):
         return _flow(plan, schedule, family, backbone)
     if family == "cogvideox":
         return _cogvideox(plan, schedule)

@@ -15,7 +15,8 @@ from fastgen_testing import run_cli
 RECIPES = {"SD/config_dmd2_sd15": "sd15", "SD/config_dmd2_sdxl": "sdxl", "SD/config_sft_sdxl": "sdxl",
            "Flux/config_dmd2_flux": "flux1_dev", "Wan/config_dmd2_wan": "wan21_t2v_1_3b",
            "QwenImage/config_dmd2_qwenimage": "qwen_image", "QwenImage/config_sft_qwenimage": "qwen_image",
-           "CogVideoX/config_dmd2_cogvideox": "cogvideox_5b", "CogVideoX/config_sft_cogvideox": "cogvideox_5b"}
+           "CogVideoX/config_dmd2_cogvideox": "cogvideox_5b", "CogVideoX/config_sft_cogvideox": "cogvideox_5b",
+           "LTX2/config_sft_ltx2": "ltx2_19b"}
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
