@@ -217,6 +217,8 @@ def _check_weight_paths(config: Any, found: list[str]) -> None:
         if not value or "://" in str(value):
             continue  # unset, or a URL (s3://): the reader names it
         location = os.path.expanduser(str(value))
+        if field == "student_ckpt" and os.path.isdir(location):
+            continue  # a run directory or checkpoints folder: its newest checkpoint (the method resolves it)
         if os.path.isdir(location):
             found.append(f"{key}: {value} is a folder; name the checkpoint file in it (a .pth, e.g. a run's "
                          f"checkpoints/NNNNNNN.pth; for a sharded one its marker .pth), or set {key}=<file>")

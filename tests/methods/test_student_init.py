@@ -110,3 +110,19 @@ def test_pretrained_checkpoint_without_an_ema_starts_the_ema_from_the_loaded_net
     model = Trainer(config).run()
     state = source.net.state_dict()
     assert same(model.net, state) and same(model.ema_nets["ema"], state)
+
+
+def test_the_start_checks_take_a_run_directory_as_the_student_but_not_as_the_teacher(tmp_path: Path) -> None:
+    """``fastgen train``'s path checks (``data_path_problems``) let ``model.student_ckpt`` name a run directory or
+    checkpoints folder (its newest checkpoint, as documented) and still refuse a folder as ``model.teacher_ckpt``."""
+    from fastgen.configs.checks import data_path_problems
+    from fastgen.configs.config_utils import load_config
+
+    config = load_config("Toy/config_dmd2_toy")
+    config.model.student_ckpt = str(tmp_path)
+    config.model.teacher_ckpt = None
+    assert not [p for p in data_path_problems(config) if "ckpt" in p]
+    config.model.teacher_ckpt = str(tmp_path)
+    assert [p for p in data_path_problems(config) if "ckpt" in p] == [
+        f"model.teacher_ckpt: {tmp_path} is a folder; name the checkpoint file in it (a .pth, e.g. a run's "
+        "checkpoints/NNNNNNN.pth; for a sharded one its marker .pth), or set model.teacher_ckpt=<file>"]
