@@ -1,5 +1,5 @@
 """The recipes for real diffusers-backed models (``SD/`` 1.5 and XL, ``Flux/``, ``Wan/``, ``QwenImage/``,
-``CogVideoX/``): without
+``CogVideoX/``, ``LTX2/``): without
 their weights folder ``fastgen train`` is one line naming ``model.pretrained_model_path`` (exit 2, no run
 directory); with it but without the encoded prompts, one line naming that file. (Loading, validation, dry runs and config.yaml
 round-trips of every recipe: tests/configs/test_recipes.py; the networks themselves, trained on digits from
@@ -16,7 +16,7 @@ RECIPES = {"SD/config_dmd2_sd15": "sd15", "SD/config_dmd2_sdxl": "sdxl", "SD/con
            "Flux/config_dmd2_flux": "flux1_dev", "Wan/config_dmd2_wan": "wan21_t2v_1_3b",
            "QwenImage/config_dmd2_qwenimage": "qwen_image", "QwenImage/config_sft_qwenimage": "qwen_image",
            "CogVideoX/config_dmd2_cogvideox": "cogvideox_5b", "CogVideoX/config_sft_cogvideox": "cogvideox_5b",
-           "LTX2/config_sft_ltx2": "ltx2_19b"}
+           "LTX2/config_sft_ltx2": "ltx2_19b", "LTX2/config_dmd2_ltx2": "ltx2_19b"}
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
