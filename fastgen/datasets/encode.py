@@ -285,6 +285,8 @@ def encode_shard(codec: Any, sources: list[Source], path: Path, resolution: int,
             pixels = pixels.permute(0, 3, 1, 2) if pixels.dim() == 4 else pixels.permute(0, 4, 1, 2, 3)
             latents = codec.encode_images(pixels).float().cpu().numpy()
             shape_seen = shape_seen or list(latents.shape[1:])
+            if hasattr(codec, "fit_latent_shape"):  # Cosmos 3: the templates name the frame count and resolution
+                codec.fit_latent_shape(list(latents.shape[1:]))
             encoded = codec.encode_prompts([b[2] for b in batch])
             if hasattr(codec, "time_ids"):  # SDXL: each image's size and crop (micro-conditioning)
                 encoded["time_ids"] = torch.tensor([codec.time_ids(b[3]["size"], b[3]["crop"], resolution)

@@ -424,9 +424,9 @@ CODECS: dict[str, type[Codec]] = {cls.family: cls for cls in (SDCodec, SDXLCodec
                                                              QwenImageCodec, CogVideoXCodec)}
 _BY_PIPELINE = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl", "FluxPipeline": "flux",
                 "WanPipeline": "wan", "QwenImagePipeline": "qwenimage", "CogVideoXPipeline": "cogvideox",
-                "LTX2Pipeline": "ltx2"}
+                "LTX2Pipeline": "ltx2", "Cosmos3OmniPipeline": "cosmos3"}
 #: codecs in modules of their own, which import this one (so they are looked up by name when used): family -> class
-LAZY_CODECS = {"ltx2": "fastgen.networks.ltx2_codec.LTX2Codec"}
+LAZY_CODECS = {"ltx2": "fastgen.networks.ltx2_codec.LTX2Codec", "cosmos3": "fastgen.networks.cosmos3_codec.Cosmos3Codec"}
 
 
 def codec_class(family: str) -> type[Codec]:

@@ -25,7 +25,8 @@ import torch
 from fastgen.networks.diffusers_nets import pack_flux_latents, unpack_flux_latents
 
 # families whose pipelines pass their generator to the scheduler's step (else the step draws from the global one)
-STEP_TAKES_GENERATOR = {"sd": True, "sdxl": True, "flux": False, "wan": False, "qwenimage": False, "cogvideox": True}
+STEP_TAKES_GENERATOR = {"sd": True, "sdxl": True, "flux": False, "wan": False, "qwenimage": False, "cogvideox": True,
+                        "cosmos3": False}
 # families whose schedulers step packed 2x2-patch tokens (the global draw is made in that layout)
 PACKED_LATENTS = ("flux", "qwenimage")
 # families whose pipelines hold video latents frame major, (B, F, C, H, W): their draws are made in that order

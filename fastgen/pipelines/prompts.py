@@ -102,6 +102,9 @@ class PromptSampler:
             raise ValueError("one seed per prompt")
         noise = PipelineNoise(self.codec.family, seeded(seeds), global_seed=seeds[0])
         x_t = noise.initial(latent_shape, self.device).to(self.dtype)
+        fit = getattr(self.codec, "fit_latent_shape", None)
+        if fit is not None:  # Cosmos 3: the prompt's templates name the sample's frame count and resolution
+            fit(latent_shape)
         condition = self.condition(prompts)
         was_training = self.net.training
         self.net.eval()

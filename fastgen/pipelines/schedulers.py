@@ -171,11 +171,12 @@ def _flow(plan: SamplingPlan, schedule: Any, family: str, backbone: Any) -> Diff
         config["shift_terminal"] = plan.times[-1] if n > 1 else None
         call["guidance_scale"] = plan.guidance
     scheduler = diffusers.FlowMatchEulerDiscreteScheduler(**config)
-    if family == "wan":
+    if family in ("wan", "cosmos3"):  # Cosmos3OmniPipeline, too, takes no sigmas
         scheduler.set_timesteps(n)
         got = scheduler.sigmas[:-1].tolist()
+        pipeline = {"wan": "WanPipeline", "cosmos3": "Cosmos3OmniPipeline"}[family]
         if any(abs(a - b) > 1e-5 for a, b in zip(got, plan.times)):
-            raise UsageError(f"WanPipeline sets its times from num_inference_steps alone; the times {list(plan.times)} "
+            raise UsageError(f"{pipeline} sets its times from num_inference_steps alone; the times {list(plan.times)} "
                              f"are not a uniform grid from 1 that its scheduler can reproduce (it would sample at "
                              f"{[round(t, 5) for t in got]})")
         scheduler = diffusers.FlowMatchEulerDiscreteScheduler(**config)  # fresh: no state from the check
@@ -233,7 +234,7 @@ def diffusers_sampling(family: str, plan: SamplingPlan, net: Any) -> DiffusersSa
                          "from unit noise at any first step, fastgen from pure noise at that time's level")
     if family in ("sd", "sdxl"):
         return _sd(plan, schedule)
-    if family in ("flux", "wan", "qwenimage", "ltx2"):
+    if family in ("flux", "wan", "qwenimage", "ltx2", "cosmos3"):
         return _flow(plan, schedule, family, backbone)
     if family == "cogvideox":
         return _cogvideox(plan, schedule)

@@ -1,0 +1,151 @@
+"""Cosmos 3's codec: its frozen Wan 2.2 VAE and its "text encoder" - the tokenizer and the transformer's own token
+embedding table - used exactly as ``Cosmos3OmniPipeline`` uses them (``fastgen.networks.codecs`` for the other
+families).
+
+* **Video** (``AutoencoderKLWan``; Cosmos3-Nano: Wan 2.2 TI2V-5B's, 48 channels, 16x spatial and 4x temporal
+  compression): the posterior's mode, per channel ``z = (E(x) - mu_c) * (1 / sigma_c)`` with the VAE config's
+  ``latents_mean`` / ``latents_std`` in the VAE's dtype (``_encode_video``); decoding is the inverse,
+  ``D(z / (1 / sigma_c) + mu_c)`` (``__call__``'s postprocess). Videos ``(B, 3, F, H, W)`` in ``[-1, 1]``; an image
+  is one frame.
+* **Text**: the pipeline runs no text encoder - the transformer embeds the token ids itself. A prompt becomes the
+  pipeline's ids (``fastgen.networks.cosmos3.prompt_ids``: the duration / resolution sentences for the codec's
+  ``num_frames``, ``height``, ``width``, ``fps``; the system turn when the folder's ``default_use_system_prompt``
+  says; the chat template; end-of-text and vision-start) and then rows of the transformer's ``embed_tokens`` (read
+  from the folder's ``transformer/`` safetensors alone), zero-padded to ``max_tokens``: the network's condition
+  (``fastgen.networks.cosmos3``). The negative side is the same with the inverse sentences (``encode_negative``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fastgen.networks.codecs import Codec, _component
+from fastgen.networks.cosmos3 import load_tokenizer, prompt_ids
+from fastgen.utils.errors import UsageError
+
+
+def read_embedding_table(folder: Path, subfolder: str = "transformer") -> torch.Tensor:
+    """``embed_tokens.weight`` of the transformer's safetensors in ``folder/subfolder`` (one file or the shard its
+    index names), read alone - the rest of the model stays on disk."""
+    from safetensors import safe_open
+
+    root = folder / subfolder
+    key = "embed_tokens.weight"
+    index = root / "diffusion_pytorch_model.safetensors.index.json"
+    file = root / "diffusion_pytorch_model.safetensors"
+    if index.is_file():
+        shard = json.loads(index.read_text())["weight_map"].get(key)
+        file = root / str(shard)
+    if not file.is_file():
+        raise UsageError(f"{root}: no {key} in its safetensors (the Cosmos 3 transformer embeds the prompt's tokens)")
+    with safe_open(str(file), framework="pt") as handle:
+        if key not in handle.keys():
+            raise UsageError(f"{file}: no {key} (the Cosmos 3 transformer embeds the prompt's tokens)")
+        return handle.get_tensor(key)
+
+
+class Cosmos3Codec(Codec):
+    """Cosmos 3's VAE, tokenizer and token embedding table (module docstring); the prompts are encoded for samples
+    of ``num_frames`` frames of ``height x width`` pixels at ``fps`` (the pipeline's defaults: 189 frames of
+    720x1280 at 24; 1 frame: an image)."""
+
+    family = "cosmos3"
+    video = True
+
+    def __init__(self, vae: nn.Module, num_frames: int = 189, height: int = 720, width: int = 1280, fps: float = 24.0,
+                 use_system_prompt: bool = True, add_resolution_template: bool = True,
+                 add_duration_template: bool = True, max_tokens: int = 512, **parts: Any) -> None:
+        super().__init__(vae, **parts)
+        self.num_frames, self.height, self.width, self.fps = int(num_frames), int(height), int(width), float(fps)
+        self.templates = {"use_system_prompt": bool(use_system_prompt),
+                          "add_resolution_template": bool(add_resolution_template),
+                          "add_duration_template": bool(add_duration_template)}
+        self.max_tokens = int(max_tokens)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, dtype: torch.dtype = torch.float32, text: bool = True,
+                        **kwargs: Any) -> Cosmos3Codec:
+        folder = Path(folder).expanduser()
+        parts: dict[str, Any] = {}
+        if text:
+            index = json.loads((folder / "model_index.json").read_text())
+            kwargs.setdefault("use_system_prompt", bool(index.get("default_use_system_prompt", True)))
+            table = read_embedding_table(folder).to(dtype)
+            embedding = nn.Embedding(*table.shape, _weight=table).requires_grad_(False)
+            parts = {"tokenizer": load_tokenizer(str(folder)), "embed_tokens": embedding}
+        return cls(_component(folder, "vae", dtype), **parts, **kwargs)
+
+    # ---- latents -------------------------------------------------------------------------------------------
+    def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``mu`` and ``1 / sigma`` as the pipeline makes them: in the VAE's dtype, then moved to ``like``."""
+        config, dtype = self.vae.config, self.dtype
+        mean = torch.tensor(config.latents_mean, dtype=dtype)
+        inv_std = 1.0 / torch.tensor(config.latents_std, dtype=dtype)
+        shape = (1, -1, 1, 1, 1)
+        return mean.view(shape).to(like.device, like.dtype), inv_std.view(shape).to(like.device, like.dtype)
+
+    @staticmethod
+    def _as_video(x: torch.Tensor) -> torch.Tensor:
+        return x if x.dim() == 5 else x.unsqueeze(2)
+
+    def normalise(self, raw: torch.Tensor) -> torch.Tensor:
+        mean, inv_std = self._stats(raw)
+        return (raw - mean) * inv_std
+
+    def denormalise(self, latents: torch.Tensor) -> torch.Tensor:
+        mean, inv_std = self._stats(latents)
+        return latents / inv_std + mean
+
+    def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return super().encode_images(self._as_video(pixels), generator)
+
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """Videos ``(B, 3, F, H, W)``; the images of 4-D latents (one frame) as ``(B, 3, H, W)``."""
+        decoded = super().decode_latents(self._as_video(latents))
+        return decoded[:, :, 0] if latents.dim() == 4 else decoded
+
+    # ---- text ----------------------------------------------------------------------------------------------
+    def fit_latent_shape(self, shape: Sequence[int]) -> None:
+        """Encode prompts for samples of latent ``shape`` (``(C, F, H, W)``, or ``(C, H, W)``: an image): the
+        pixel size the pipeline would be called with - ``(F - 1) t + 1`` frames of ``H s x W s`` through the VAE
+        config's temporal / spatial compression ``t`` / ``s`` - which the templates name. ``fastgen sample`` and
+        ``encode-data`` call it before encoding prompts."""
+        config = self.vae.config
+        frames = int(shape[1]) if len(shape) == 4 else 1
+        self.num_frames = (frames - 1) * int(config.scale_factor_temporal) + 1
+        self.height = int(shape[-2]) * int(config.scale_factor_spatial)
+        self.width = int(shape[-1]) * int(config.scale_factor_spatial)
+
+    def token_ids(self, prompts: list[str], negative: bool = False) -> list[list[int]]:
+        """The pipeline's ids of each prompt (its negative prompt's with ``negative``) at the codec's sample size."""
+        return [prompt_ids(self.tokenizers["tokenizer"], prompt, negative=negative, num_frames=self.num_frames,
+                           height=self.height, width=self.width, fps=self.fps, **self.templates) for prompt in prompts]
+
+    @torch.no_grad()
+    def _embed(self, ids: list[list[int]]) -> dict[str, torch.Tensor]:
+        longest = max(len(row) for row in ids)
+        if longest > self.max_tokens:
+            raise UsageError(f"a prompt of {longest} tokens is longer than the Cosmos 3 codec's max_tokens "
+                             f"({self.max_tokens}): raise max_tokens (the pipeline does not truncate)")
+        table = self.encoders["embed_tokens"]
+        text = torch.zeros(len(ids), self.max_tokens, table.embedding_dim, dtype=table.weight.dtype, device=self.device)
+        mask = torch.zeros(len(ids), self.max_tokens, dtype=torch.long, device=self.device)
+        for i, row in enumerate(ids):
+            text[i, : len(row)] = table(torch.tensor(row, device=self.device))
+            mask[i, : len(row)] = 1
+        return {"text": text, "text_mask": mask}
+
+    def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        return self._embed(self.token_ids(prompts))
+
+    def encode_negative(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        return self._embed(self.token_ids(prompts, negative=True))
+
+
+__all__ = ["Cosmos3Codec", "read_embedding_table"]

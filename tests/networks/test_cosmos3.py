@@ -1,0 +1,521 @@
+"""Cosmos 3 (``fastgen.networks.cosmos3``): diffusers' ``Cosmos3OmniTransformer`` and ``Cosmos3OmniPipeline`` at
+tiny random size (``tests/tiny_cosmos3.py``: the real classes, a tokenizer built here) are the oracles - the batched
+packed forward against the model's own ``forward`` on each sample's packed sequence as the pipeline builds it, the
+null condition against the pipeline's negative prompt, fastgen's teacher ODE against the pipeline's denoising loop;
+the network contract (feature taps, frozen parameters, meta builds); SFT and DMD2 through the real trainer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import DictConfig
+from tiny_cosmos3 import SPATIAL, TEMPORAL, cosmos3_pipeline, tiny_transformer
+
+from fastgen.configs.instantiate import instantiate
+from fastgen.configs.net_cosmos3 import TINY_COSMOS3, TINY_COSMOS3_SOUND, cosmos3_transformer
+
+PROMPTS = ["a red cat", "two dogs running in the rain"]
+SIZES = {"temporal_compression": TEMPORAL, "spatial_compression": SPATIAL}
+
+
+def _net(config: dict[str, Any] = TINY_COSMOS3, seed: int = 0, **kwargs: Any) -> Any:
+    """A ``DiffusionNet`` around the tiny model of ``config`` (weights from ``tiny_transformer(seed)``)."""
+    kwargs = {**SIZES, "shift": 1.0, **kwargs}
+    net = instantiate(cosmos3_transformer(config, **kwargs))
+    net.backbone.model.load_state_dict(tiny_transformer(config, seed).state_dict())
+    return net
+
+
+def _embedded(model: Any, ids: list[list[int]], tokens: int) -> torch.Tensor:
+    """The condition of token ids: their rows of the model's table, zero-padded to ``tokens``."""
+    out = torch.zeros(len(ids), tokens, model.config.hidden_size)
+    with torch.no_grad():
+        for i, row in enumerate(ids):
+            out[i, : len(row)] = model.embed_tokens(torch.tensor(row))
+    return out
+
+
+def pipeline_forward(pipe: Any, ids: list[int], latents: torch.Tensor, t: float, fps: float = 24.0,
+                     sound: torch.Tensor | None = None, t_sound: float | None = None) -> tuple[torch.Tensor, Any]:
+    """The model's own ``forward`` on one sample packed as ``Cosmos3OmniPipeline.__call__`` packs it (its
+    ``_prepare_*_segment`` methods; every frame noisy; the scheduler's timestep ``1000 t``)."""
+    model = pipe.transformer
+    text = pipe._prepare_text_segment(ids, device="cpu")
+    offset = text["vision_start_temporal_offset"]
+    vision = pipe._prepare_vision_segment(latents[None], False, offset, fps, text["und_len"], "cpu")
+    positions = [text["text_mrope_ids"], vision["vision_mrope_ids"]]
+    length = text["und_len"] + vision["num_vision_tokens"]
+    extra: dict[str, Any] = {}
+    if sound is not None:
+        segment = pipe._prepare_sound_segment(sound, offset, float(model.config.sound_latent_fps), length, "cpu")
+        positions.append(segment["sound_mrope_ids"])
+        length += segment["sound_len"]
+        extra = {"sound_tokens": [sound], "sound_token_shapes": segment["sound_token_shapes"],
+                 "sound_sequence_indexes": segment["sound_sequence_indexes"],
+                 "sound_mse_loss_indexes": segment["sound_mse_loss_indexes"],
+                 "sound_timesteps": torch.full((segment["sound_len"],), float(t_sound) * 1000),
+                 "sound_noisy_frame_indexes": segment["sound_noisy_frame_indexes"]}
+    with torch.no_grad():
+        out = model(input_ids=text["input_ids"], text_indexes=text["text_indexes"],
+                    position_ids=torch.cat(positions, dim=1), und_len=text["und_len"], sequence_length=length,
+                    vision_tokens=[latents[None]], vision_token_shapes=vision["vision_token_shapes"],
+                    vision_sequence_indexes=vision["vision_sequence_indexes"],
+                    vision_mse_loss_indexes=vision["vision_mse_loss_indexes"],
+                    vision_timesteps=torch.full((vision["num_noisy_vision_tokens"],), float(t) * 1000),
+                    vision_noisy_frame_indexes=vision["vision_noisy_frame_indexes"], return_dict=False, **extra)
+    return out[0][0][0], (out[1][0] if sound is not None else None)
+
+
+@pytest.mark.parametrize("config", [TINY_COSMOS3, TINY_COSMOS3_SOUND], ids=["qwen3", "nemotron_sound"])
+def test_a_batch_is_the_models_own_forward_on_each_packed_sample(config: dict[str, Any]) -> None:
+    """Three samples in one batch - prompts of different lengths (the shorter zero-padded, the padding masked) and
+    one null condition (the negative ids) - over odd-width latents (the model's zero padding to whole patches),
+    each at its own time; with the sound path, audio at other times: every sample's velocities are the model's
+    own ``forward`` on that sample's sequence as the pipeline packs it (to 1e-5)."""
+    net = _net(config, negative_ids=[5, 6, 7])
+    model = net.backbone.model
+    pipe = cosmos3_pipeline(model)
+    ids = [pipe.tokenize_prompt(p, None, num_frames=5, height=16, width=18)[0] for p in PROMPTS] + [[5, 6, 7]]
+    condition = _embedded(model, ids[:2], max(map(len, ids)) + 3)
+    condition = torch.cat([condition, torch.zeros_like(condition[:1])])
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 1, 3, 8, 9, generator=g)
+    t = torch.tensor([0.3, 0.7, 0.95])
+    sound = torch.randn(3, 2, 5, generator=g) if config.get("sound_gen") else None
+    with torch.no_grad():
+        if sound is None:
+            got = {"video": net(x, t, condition=condition)}
+        else:
+            got = net({"video": x, "audio": sound}, {"video": t, "audio": t.flip(0)}, condition=condition)
+    for i in range(3):
+        video, audio = pipeline_forward(pipe, ids[i], x[i], float(t[i]), sound=None if sound is None else sound[i],
+                                        t_sound=float(t.flip(0)[i]))
+        torch.testing.assert_close(got["video"][i], video, atol=1e-5, rtol=0)
+        if sound is not None:
+            torch.testing.assert_close(got["audio"][i], audio, atol=1e-5, rtol=0)
+
+
+def _digits_config(method: str, tmp_path: Path, config: dict[str, Any] = TINY_COSMOS3) -> Any:
+    """A digits recipe (``sft`` or ``dmd2``) with the tiny Cosmos 3 (labels through a bank of 10 stand-in embedded
+    prompts, the null condition ids 1..3), 2 iterations, no W&B / validation."""
+    from fastgen.configs.config_utils import load_config
+
+    recipe = load_config(f"Digits/config_{method}_digits")
+    recipe.model.net = cosmos3_transformer(config, negative_ids=[1, 2, 3], num_prompts=10, prompt_tokens=3, **SIZES)
+    recipe.model.use_ema = method == "sft"
+    recipe.trainer.max_iter = 2
+    recipe.trainer.logging_iter = 1
+    recipe.trainer.save_ckpt_iter = 2
+    recipe.trainer.validation_iter = None
+    recipe.dataloader_val = None
+    recipe.dataloader_train.batch_size = 4
+    kept = {k: v for k, v in recipe.trainer.callbacks.items() if k not in ("wandb", "ema")}
+    recipe.trainer.callbacks = DictConfig(kept)
+    if method == "dmd2":
+        recipe.model.teacher_ckpt = None
+        recipe.model.student_update_freq = 2  # of the 2 iterations, one trains the fake score, one the student
+        recipe.model.gan_loss_weight_gen = 1e-2  # the GAN head reads the feature taps of the fake score's middle layer
+    recipe.log_config.name = f"{method}_cosmos3"
+    return recipe
+
+
+@pytest.mark.slow
+def test_sft_then_dmd2_train_two_iterations_on_digits(output_root: Path, tmp_path: Path) -> None:
+    """The real trainer, on CPU: SFT trains the tiny Cosmos 3 two iterations on 8x8 digits (one-frame latents, the
+    text-to-image path; 10% label dropout to the null condition) and its weights move; DMD2 then distils the SFT
+    network saved as a diffusers folder (``model.pretrained_model_path``: teacher, student and fake score from it)
+    two iterations with the GAN head on the fake score's feature taps; the teacher is exactly the folder's weights
+    and the student and fake score move."""
+    from fastgen.trainer import Trainer
+
+    sft = Trainer(_digits_config("sft", tmp_path)).run()
+    start = instantiate(cosmos3_transformer(TINY_COSMOS3, negative_ids=[1, 2, 3], num_prompts=10, prompt_tokens=3))
+    torch.manual_seed(0)
+    moved = [n for n, p in sft.net.backbone.model.named_parameters() if p.requires_grad
+             and not torch.equal(p, dict(start.backbone.model.named_parameters())[n])]
+    assert moved, "SFT changed no weight"
+    folder = tmp_path / "pipeline"
+    sft.net.backbone.model.save_pretrained(folder / "transformer")
+
+    config = _digits_config("dmd2", tmp_path)
+    config.model.pretrained_model_path = str(folder)
+    dmd2 = Trainer(config).run()
+    teacher = dmd2.teacher.backbone.model.state_dict()
+    for name, p in teacher.items():
+        assert torch.equal(p, sft.net.backbone.model.state_dict()[name]), name
+    for name in ("net", "fake_score"):
+        trained = getattr(dmd2, name).backbone.model.state_dict()
+        assert any(not torch.equal(v, teacher[k]) for k, v in trained.items()), name
+    assert (output_root / "fastgen" / "digits" / "dmd2_cosmos3" / "checkpoints" / "0000002.pth").is_file()
+
+
+@pytest.fixture(scope="module")
+def pipeline_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny pipeline (the teacher's folder) with rectified-flow Euler over the grid (1, 2/3, 1/3): its
+    ``set_timesteps(3)`` then evaluates exactly fastgen's 3-step uniform grid (``shift_terminal`` = the last time)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    folder = tmp_path_factory.mktemp("cosmos3") / "pipeline"
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0, shift_terminal=1 / 3)
+    cosmos3_pipeline(tiny_transformer(TINY_COSMOS3), scheduler).save_pretrained(folder)
+    return folder
+
+
+def _pipeline(folder: Path) -> Any:
+    from diffusers import Cosmos3OmniPipeline
+
+    pipe = Cosmos3OmniPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.mark.parametrize("frames", [5, 1], ids=["video", "image"])
+def test_the_null_condition_is_the_pipelines_negative_prompt(pipeline_folder: Path, frames: int) -> None:
+    """An all-zero condition (what classifier-free-guidance dropout and the methods' unconditional branch pass) and
+    ``None`` are the pipeline's unconditional input: its ``tokenize_prompt`` negative ids (``""`` with the inverse
+    duration / resolution sentences, the system turn) for the sample's pixel size - a video's and an image's
+    differ - through the model's own table. ``model.pretrained_model_path`` hands the folder's tokenizer to the
+    network (``adopt_folder``)."""
+    from fastgen.configs.config_utils import load_config
+    from fastgen.methods.sft import SFTModel
+
+    config = load_config("Digits/config_sft_digits").model
+    config.net = cosmos3_transformer(TINY_COSMOS3, **SIZES)
+    config.pretrained_model_path = str(pipeline_folder)
+    config.input_shape = [1, 8, 8]
+    model = SFTModel(config)
+    assert config.net.backbone.tokenizer == str(pipeline_folder)
+    model.init_weights()
+    net = model.net
+    pipe = _pipeline(pipeline_folder)
+    negative = pipe.tokenize_prompt("a red cat", None, num_frames=frames, height=16, width=16)[1]
+    latent_frames = (frames - 1) // TEMPORAL + 1
+    x = torch.randn(2, 1, latent_frames, 8, 8, generator=torch.Generator().manual_seed(2))
+    t = torch.tensor([0.4, 0.8])
+    with torch.no_grad():
+        null = net(x, t, condition=torch.zeros(2, 7, 16))
+        none = net(x, t, condition=None)
+    torch.testing.assert_close(none, null, atol=0, rtol=0)
+    for i in range(2):
+        want, _ = pipeline_forward(pipe, negative, x[i], float(t[i]))
+        torch.testing.assert_close(null[i], want, atol=1e-5, rtol=0)
+    other = pipe.tokenize_prompt("a red cat", None, num_frames=6 - frames, height=16, width=16)[1]
+    assert other != negative  # the image's sentences and system turn are not the video's
+
+
+@pytest.mark.parametrize("frames", [5, 1], ids=["video", "image"])
+def test_teacher_sampling_with_guidance_is_the_pipelines(pipeline_folder: Path, frames: int) -> None:
+    """fastgen's teacher ODE (``ode_sample``: DDIM over the 3-step grid, guidance 3 on the denoised estimate)
+    from the pipeline's noise (``torch.Generator().manual_seed(seed)``), conditioned on the codec's encoding of the
+    prompt, against the negative prompt's encoding - and against the all-zero null condition - gives the latents of
+    ``Cosmos3OmniPipeline`` (the same scheduler grid, ``guidance_scale`` 3: ``u + s (c - u)`` on the velocities) to
+    1e-4, for a 5-frame video and an image; decoded, the frames the pipeline renders (to 1/255)."""
+    from fastgen.networks.cosmos3_codec import Cosmos3Codec
+    from fastgen.pipelines.prompts import ode_sample, to_uint8
+    from fastgen.pipelines.schedulers import SamplingPlan
+
+    pipe = _pipeline(pipeline_folder)
+    net = instantiate(cosmos3_transformer(TINY_COSMOS3, tokenizer=str(pipeline_folder), shift=1.0, **SIZES))
+    net.backbone.load_pretrained(str(pipeline_folder))
+    codec = Cosmos3Codec.from_pretrained(pipeline_folder, num_frames=frames, height=16, width=16)
+    plan = SamplingPlan("ode", (1.0, 2 / 3, 1 / 3), 3.0)
+    assert net.noise_scheduler.sampling_times(3).tolist()[:-1] == pytest.approx(list(plan.times))
+    latent_frames = (frames - 1) // TEMPORAL + 1
+    for prompt, seed in zip(PROMPTS, (4, 5)):
+        call = {"num_frames": frames, "height": 16, "width": 16, "num_inference_steps": 3, "guidance_scale": 3.0}
+        theirs = pipe(prompt, generator=torch.Generator().manual_seed(seed), output_type="latent", **call).video
+        noise = torch.randn(1, 1, latent_frames, 8, 8, generator=torch.Generator().manual_seed(seed))
+        condition = codec.condition(codec.encode_prompts([prompt]))
+        for uncondition in (codec.condition(codec.encode_negative([""])), torch.zeros_like(condition)):
+            ours = ode_sample(net, noise if frames > 1 else noise[:, :, 0], condition, uncondition, plan)
+            torch.testing.assert_close(ours if frames > 1 else ours.unsqueeze(2), theirs, atol=1e-4, rtol=0)
+        frames_np = pipe(prompt, generator=torch.Generator().manual_seed(seed), output_type="np", **call).video
+        pixels = to_uint8(codec.decode_latents(ours)).numpy()
+        pixels = pixels[0] if frames > 1 else pixels
+        rendered = (frames_np * 255).round().astype(int)
+        assert abs(rendered - pixels.astype(int)).max() <= 1
+
+
+def test_the_codec_encodes_as_the_pipeline(pipeline_folder: Path) -> None:
+    """The codec's ids are ``tokenize_prompt``'s (prompt and negative, video and image, with and without the system
+    turn and templates), its condition rows are the transformer's ``embed_tokens`` rows zero-padded, and its latents
+    are the pipeline's ``_encode_video`` (Wan's posterior mode, ``(z - mu) * (1 / sigma)``); decoding inverts that
+    normalisation as the pipeline does before its VAE."""
+    from fastgen.networks.cosmos3_codec import Cosmos3Codec
+
+    pipe = _pipeline(pipeline_folder)
+    for frames, options in ((5, {}), (1, {}), (5, {"use_system_prompt": False, "add_duration_template": False}),
+                            (1, {"add_resolution_template": False})):
+        codec = Cosmos3Codec.from_pretrained(pipeline_folder, num_frames=frames, height=16, width=32, fps=12.0,
+                                             max_tokens=256, **options)
+        cond, uncond = pipe.tokenize_prompt(PROMPTS[1], "blurry", num_frames=frames, height=16, width=32, fps=12.0,
+                                            **options)
+        assert codec.token_ids([PROMPTS[1]]) == [cond] and codec.token_ids(["blurry"], negative=True) == [uncond]
+    encoded = codec.encode_prompts(PROMPTS)
+    ids = codec.token_ids(PROMPTS)
+    torch.testing.assert_close(encoded["text"], _embedded(pipe.transformer, ids, 256), atol=0, rtol=0)
+    assert encoded["text_mask"].sum(1).tolist() == [len(row) for row in ids]
+    with pytest.raises(Exception, match="max_tokens"):
+        Cosmos3Codec.from_pretrained(pipeline_folder, max_tokens=8).encode_prompts(PROMPTS)
+
+    pixels = torch.rand(2, 3, 5, 16, 16, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    with torch.no_grad():
+        torch.testing.assert_close(codec.encode_images(pixels), pipe._encode_video(pixels), atol=0, rtol=0)
+        image = codec.encode_images(pixels[:, :, 0])
+        torch.testing.assert_close(image, pipe._encode_video(pixels[:, :, :1]), atol=0, rtol=0)
+        latents = torch.randn(1, 1, 3, 8, 8)
+        mean, inv_std = pipe._vae_latents_mean.view(1, -1, 1, 1, 1), pipe._vae_latents_inv_std.view(1, -1, 1, 1, 1)
+        want = pipe.vae.decode(latents / inv_std + mean).sample
+        torch.testing.assert_close(codec.decode_latents(latents), want, atol=0, rtol=0)
+
+
+def test_contract_labels_taps_and_refusals() -> None:
+    """A label is its prompt-bank row (the same output as passing that row); feature taps are the chosen layers'
+    vision tokens as ``(B, D, F h, w)`` maps (odd widths padded to whole patches); an audio modality without the
+    model's sound path, a log-variance and taps outside the layers are one-line errors; a missing tokenizer is
+    named when the null condition is needed."""
+    from fastgen.utils.errors import ConfigError
+
+    net = _net(negative_ids=[1, 2], num_prompts=4, prompt_tokens=3)
+    x = torch.randn(2, 1, 3, 8, 7)
+    t = torch.tensor([0.2, 0.6])
+    labels = torch.tensor([1, 3])
+    with torch.no_grad():
+        out = net(x, t, condition=labels)
+        assert out.shape == x.shape
+        torch.testing.assert_close(net(x, t, condition=net.backbone.prompt_bank[labels]), out, atol=1e-6, rtol=0)
+        assert not torch.allclose(net(x, t, condition=torch.tensor([1, 2])), out, atol=1e-4)
+        pred, features = net(x, t, condition=labels, feature_indices=[1, 0])
+    torch.testing.assert_close(pred, out, atol=1e-6, rtol=0)
+    assert [tuple(f.shape) for f in features] == [(2, 16, 3 * 4, 4)] * 2
+    with pytest.raises(ConfigError, match="sound_gen"):
+        net({"video": x, "audio": torch.randn(2, 2, 4)}, t, condition=labels)
+    with pytest.raises(ValueError, match="log-variance"):
+        net(x, t, condition=labels, return_logvar=True)
+    with pytest.raises(ValueError, match="feature_indices"):
+        net(x, t, condition=labels, feature_indices=[2])
+    bare = _net()
+    with pytest.raises(ConfigError, match="tokenizer"):
+        bare(x, t, condition=None)
+
+
+@pytest.mark.parametrize("config", [TINY_COSMOS3, TINY_COSMOS3_SOUND], ids=["qwen3", "nemotron_sound"])
+def test_the_frozen_parameters_are_exactly_those_no_prediction_depends_on(config: dict[str, Any]) -> None:
+    """With every parameter trainable, a backward of the predictions (video, and sound where the model has it)
+    leaves without a gradient exactly the parameters the wrapper freezes (the LM head, the token table, the text
+    stream's final norm, the last layer's text-only parts) - so freezing them changes no gradient - and every other
+    parameter gets one."""
+    net = _net(config, negative_ids=[1, 2, 3])
+    backbone = net.backbone
+    frozen = {id(p) for p in backbone.unused_parameters()}
+    assert frozen and all(not p.requires_grad for p in backbone.unused_parameters())
+    backbone.requires_grad_(True)
+    x = {"video": torch.randn(2, 1, 3, 8, 8)}
+    if config.get("sound_gen"):
+        x["audio"] = torch.randn(2, 2, 4)
+    out = net(x, torch.tensor([0.3, 0.6]), condition=torch.randn(2, 5, 16))
+    sum(v.square().sum() for v in out.values()).backward()
+    names = {id(p): n for n, p in backbone.model.named_parameters()}
+    without = {id(p) for p in backbone.model.parameters() if p.grad is None or not p.grad.abs().sum()}
+    assert without == frozen, sorted(names[i] for i in without ^ frozen)
+
+
+def test_a_meta_build_filled_from_a_real_one_predicts_the_same() -> None:
+    """``model.meta_init``: the network built on the meta device (no memory; a forward there gives the feature
+    shapes), allocated with ``to_empty`` and filled from a real build (``broadcast_full_weights``: parameters, buffers, and the rotary table outside the
+    state dict) predicts exactly what the real build does; the frozen parameters are frozen there too."""
+    from fastgen.distributed.parallelize import broadcast_full_weights
+    from fastgen.networks.discriminator import probe_feature_shapes
+
+    real = _net(negative_ids=[1, 2, 3], num_prompts=2)
+    with torch.device("meta"):
+        meta = instantiate(cosmos3_transformer(TINY_COSMOS3, shift=1.0, num_prompts=2, **SIZES))
+        # DMD2 sizes its GAN heads by a forward there: no values, so no text lengths, tokenizer or rotary table
+        assert probe_feature_shapes(meta, [1, 3, 8, 8], [1], 2, t=1.0) == [[16, 3 * 4, 4]]
+    assert all(p.is_meta for p in meta.parameters())
+    meta.negative_ids = [1, 2, 3]
+    meta.to_empty(device="cpu")
+    broadcast_full_weights(meta, real)
+    x, t, text = torch.randn(2, 1, 3, 8, 8), torch.tensor([0.3, 0.9]), torch.randn(2, 4, 16)
+    with torch.no_grad():
+        assert torch.equal(meta(x, t, condition=text), real(x, t, condition=text))
+    assert [p.requires_grad for p in meta.parameters()] == [p.requires_grad for p in real.parameters()]
+
+
+def test_activation_checkpointing_and_lora_keep_the_gradients() -> None:
+    """Activation checkpointing of every decoder layer (torch's composable ``checkpoint``, what
+    ``model.activation_checkpointing`` applies to ``shard_units``) gives the same gradients; a LoRA adapter on the
+    layers' attention projections (both streams) trains only its branches and starts as the base network."""
+    from torch.distributed._composable import checkpoint
+
+    from fastgen.utils.lora_utils import LoRAAdapter
+
+    x, t, text = torch.randn(2, 1, 3, 8, 8), torch.tensor([0.3, 0.9]), torch.randn(2, 4, 16)
+
+    def gradients(net: Any) -> dict[str, torch.Tensor]:
+        net(x, t, condition=text).square().sum().backward()
+        return {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
+
+    plain = gradients(_net(negative_ids=[1]))
+    net = _net(negative_ids=[1])
+    for unit in net.backbone.shard_units():
+        checkpoint(unit)
+    checked = gradients(net)
+    assert plain.keys() == checked.keys()
+    for name, grad in plain.items():
+        torch.testing.assert_close(checked[name], grad, atol=1e-6, rtol=1e-5)
+
+    adapted = _net(negative_ids=[1])
+    with torch.no_grad():
+        before = adapted(x, t, condition=text)
+    chosen = LoRAAdapter(rank=2, target_modules=["*self_attn.to_q", "*self_attn.add_q_proj"]).apply(adapted)
+    assert len(chosen) == 4
+    with torch.no_grad():
+        torch.testing.assert_close(adapted(x, t, condition=text), before, atol=1e-6, rtol=0)
+    assert {n.split(".lora.")[0].split(".")[-1] for n in gradients(adapted)} == {"to_q", "add_q_proj"}
+
+
+@pytest.mark.parametrize("method", ["sft", "dmd2"])
+def test_video_and_sound_train_as_one_multimodal_sample(method: str) -> None:
+    """With the sound path, a sample is ``{"video": (B, C, F, H, W), "audio": (B, C_s, T_s)}``
+    (``model.modality_shapes``): SFT's step gives a loss per modality and gradients reach both streams' input and
+    output projections; DMD2's student and critic iterations train both modalities (each modality's own
+    distribution-matching gradient; the teacher guided against the null condition)."""
+    from fastgen.configs.methods.config_dmd2 import create_config as dmd2_config
+    from fastgen.configs.methods.config_sft import create_config as sft_config
+
+    config = (sft_config if method == "sft" else dmd2_config)()
+    config.model.net = cosmos3_transformer(TINY_COSMOS3_SOUND, negative_ids=[1, 2], num_prompts=3, prompt_tokens=2,
+                                           **SIZES)
+    config.model.num_classes = 3
+    config.model.modality_shapes = {"video": [1, 2, 8, 8], "audio": [2, 6]}
+    if method == "dmd2":
+        config.model.t_list = [1.0, 0.5]
+        config.model.student_update_freq = 2
+        config.model.guidance_scale = 2.0
+    else:
+        config.model.condition_dropout = 0.5
+    torch.manual_seed(0)
+    model = instantiate(config.model_class, config=config.model)
+    model.init_weights()
+    g = torch.Generator().manual_seed(3)
+    data = {"real": {"video": torch.randn(3, 1, 2, 8, 8, generator=g), "audio": torch.randn(3, 2, 6, generator=g)},
+            "condition": torch.tensor([0, 1, 2])}
+    steps = [0] if method == "sft" else [0, 1]
+    for iteration in steps:
+        loss, _ = model.single_train_step(data, iteration)
+        model.zero_grad()
+        loss["total_loss"].backward()
+        trained = model.net if iteration == 0 else model.fake_score
+        for name in ("proj_in", "proj_out", "audio_proj_in", "audio_proj_out"):
+            grad = getattr(trained.backbone.model, name).weight.grad
+            assert grad is not None and grad.abs().sum() > 0, (iteration, name)
+    key = "denoising_loss" if method == "sft" else "fake_score_loss"
+    assert {f"{key}_video", f"{key}_audio"} <= set(loss)
+
+
+def test_exports_reload_in_diffusers_and_render_as_fastgen_samples(pipeline_folder: Path, output_root: Path,
+                                                                  tmp_path: Path) -> None:
+    """A 2-step DMD2 student of the tiny Cosmos 3 (2 iterations on digits from the pipeline folder) and its teacher
+    (3-step ODE, guidance 2 against the negative prompt), exported with ``convert-ckpt --to diffusers``'s
+    ``export_diffusers``: ``DiffusionPipeline.from_pretrained`` gives a ``Cosmos3OmniPipeline`` with the exported
+    rectified-flow Euler scheduler, whose latents for a prompt and seed are fastgen's ``PromptSampler``'s (the
+    codec sized for the sampled latents, as ``fastgen sample`` samples; 1e-4) and whose frames are its pixels
+    (1/255); the student's re-noising comes from torch's global generator in both."""
+    from diffusers import DiffusionPipeline
+
+    from fastgen.checkpoint.run import load_run, select_net
+    from fastgen.networks.codecs import load_codec
+    from fastgen.pipelines.export import export_diffusers
+    from fastgen.pipelines.prompts import PromptSampler
+    from fastgen.trainer import Trainer
+
+    config = _digits_config("dmd2", tmp_path)
+    config.model.net = cosmos3_transformer(TINY_COSMOS3, num_prompts=10, prompt_tokens=3, shift=1.0, **SIZES)
+    config.model.pretrained_model_path = str(pipeline_folder)
+    config.model.t_list = [1.0, 0.5]
+    config.model.gan_loss_weight_gen = 0.0
+    config.log_config.name = "export_cosmos3"
+    Trainer(config).run()
+    run = load_run(output_root / "fastgen" / "digits" / "export_cosmos3")
+    codec = load_codec(pipeline_folder)
+    for which, options in (("net", {}), ("teacher", {"steps": 3, "guidance": 2.0})):
+        info = export_diffusers(str(run.checkpoint), str(tmp_path / which), only=which, **options)
+        assert info["family"] == "cosmos3" and info["scheduler"] == "FlowMatchEulerDiscreteScheduler"
+        assert info["global_seed"] == (which == "net")
+        pipe = DiffusionPipeline.from_pretrained(tmp_path / which)
+        pipe.set_progress_bar_config(disable=True)
+        assert type(pipe).__name__ == "Cosmos3OmniPipeline"
+        sampler = PromptSampler(run.model, select_net(run, which), which, codec, **options)
+        latents = sampler.latents(PROMPTS[:1], [5], [1, 8, 8])
+        pixels = sampler.pixels(latents).numpy()
+
+        def theirs(output_type: str) -> Any:
+            torch.manual_seed(5)  # the student's re-noising: torch's global generator (info["global_seed"])
+            return pipe(PROMPTS[0], generator=torch.Generator().manual_seed(5), num_frames=1, height=16, width=16,
+                        output_type=output_type, **info["call"]).video
+
+        torch.testing.assert_close(latents, theirs("latent")[:, :, 0], atol=1e-4, rtol=0)
+        rendered = (theirs("np") * 255).round().astype(int)
+        assert abs(rendered - pixels.astype(int)).max() <= 1, which
+
+
+def test_encode_data_writes_the_pipelines_latents_and_prompt_embeddings(pipeline_folder: Path, tmp_path: Path) -> None:
+    """``fastgen encode-data`` with a Cosmos 3 pipeline folder: each captioned 16x16 image becomes one-frame latents
+    ``(1, 1, 8, 8)`` equal to the pipeline's ``_encode_video`` and a ``text.npy`` of 512 rows - the transformer's
+    embeddings of the ids ``tokenize_prompt`` gives the caption for an image of 16x16 (the codec sized from the
+    latents), then zeros."""
+    import io
+    import json
+    import tarfile
+
+    import numpy as np
+    from fastgen_testing import run_in_process
+    from PIL import Image
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (16, 16, 3), dtype=np.uint8) for _ in PROMPTS]
+    for i, (image, caption) in enumerate(zip(images, PROMPTS)):
+        Image.fromarray(image).save(photos / f"{i}.png")
+        (photos / f"{i}.txt").write_text(caption)
+    shards = tmp_path / "shards"
+    result = run_in_process("encode-data", str(photos), str(shards), "--weights", str(pipeline_folder),
+                            "--resolution", "16", "--device", "cpu")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((shards / "index.json").read_text())["latent_shape"] == [1, 1, 8, 8]
+    with tarfile.open(shards / "shard-000000.tar") as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    pipe = _pipeline(pipeline_folder)
+    for i, (image, caption) in enumerate(zip(images, PROMPTS)):
+        key = next(name.split(".")[0] for name, data in members.items()
+                   if name.endswith(".txt") and data.decode() == caption)
+        text = torch.from_numpy(np.load(io.BytesIO(members[f"{key}.text.npy"])))
+        ids = pipe.tokenize_prompt(caption, None, num_frames=1, height=16, width=16)[0]
+        torch.testing.assert_close(text, _embedded(pipe.transformer, [ids], 512)[0], atol=0, rtol=0)
+        pixels = torch.from_numpy(image).float().permute(2, 0, 1)[None, :, None] / 127.5 - 1
+        with torch.no_grad():
+            want = pipe._encode_video(pixels)[0]
+        latent = torch.from_numpy(np.load(io.BytesIO(members[f"{key}.latent.npy"])))
+        torch.testing.assert_close(latent, want, atol=1e-6, rtol=0)
+
+
+def test_a_widened_output_projection_gives_one_prediction_per_head() -> None:
+    """PDD's heads (``fastgen.networks.heads``): ``proj_out`` widened into 3 copies of itself (rows per token
+    ``(p, p, head, channel)``) gives 3 predictions ``(B, 3, C, F, H, W)``, each the base network's at
+    initialisation (odd widths cropped as the single head's)."""
+    from fastgen.networks.heads import widen_output
+
+    net = _net(negative_ids=[1])
+    x, t, text = torch.randn(2, 1, 3, 8, 7), torch.tensor([0.3, 0.9]), torch.randn(2, 4, 16)
+    with torch.no_grad():
+        base = net(x, t, condition=text)
+        widen_output(net, 3)
+        heads = net(x, t, condition=text)
+    assert heads.shape == (2, 3, *x.shape[1:])
+    for k in range(3):
+        torch.testing.assert_close(heads[:, k], base, atol=1e-6, rtol=0)
