@@ -368,10 +368,14 @@ class WandbCallback(Callback):
     def _viewable(self, model: Any, samples: torch.Tensor) -> torch.Tensor | None:
         """Samples as pixels: a latent model's (a diffusers-backed network) decoded by its family's VAE from
         ``model.pretrained_model_path`` - never raw latents; None when that folder has no VAE to decode with
-        (said once). Other models' samples as they are."""
+        (said once). Other models' samples as they are, and so a diffusers network's trained on a pixel data set
+        (the moving digits' Wan and LTX-2)."""
+        from fastgen.evaluation.sampling import PIXEL_DATASETS, dataset_of_config
         from fastgen.networks.diffusers_nets import DiffusersBackbone
 
         if not isinstance(getattr(model.net, "backbone", None), DiffusersBackbone):
+            return samples
+        if dataset_of_config(self.trainer.config) in PIXEL_DATASETS:  # a diffusers network trained on pixels
             return samples
         if self._vae is None:
             from fastgen.networks.codecs import load_codec

@@ -62,6 +62,12 @@ TINY_LTX2_AV_DIGITS: dict[str, Any] = {
     **TINY_LTX2, "in_channels": 4, "out_channels": 4, "patch_size": 2, "audio_in_channels": 16,
     "audio_out_channels": 16, "vae_scale_factors": [1, 1, 1],
 }
+#: A small LTX-2 that learns the audio-visual digits on a CPU (``LTX2/config_sft_ltx2_av_digits``): 4 blocks, video 4
+#: heads x 16 (64 wide), audio 2 heads x 16 (32 wide), the same patching as ``TINY_LTX2_AV_DIGITS``.
+LTX2_AV_DIGITS: dict[str, Any] = {
+    **TINY_LTX2_AV_DIGITS, "num_attention_heads": 4, "attention_head_dim": 16, "cross_attention_dim": 64,
+    "audio_num_attention_heads": 2, "audio_attention_head_dim": 16, "audio_cross_attention_dim": 32, "num_layers": 4,
+}
 
 
 def ltx2_shift(video_seq_len: int, scheduler: dict[str, Any] | None = None) -> float:
@@ -100,5 +106,6 @@ def ltx2_transformer(config: dict[str, Any], fps: float = 24.0, use_cross_timest
     return LazyCall("fastgen.networks.diffusion_net.DiffusionNet")(backbone=backbone, noise_scheduler=schedule)
 
 
-__all__ = ["LTX2_19B", "LTX2_LATENTS", "LTX2_SCHEDULER", "TINY_LTX2", "TINY_LTX2_AV_DIGITS", "ltx2_modality_shapes",
+__all__ = ["LTX2_19B", "LTX2_AV_DIGITS", "LTX2_LATENTS", "LTX2_SCHEDULER", "TINY_LTX2", "TINY_LTX2_AV_DIGITS",
+           "ltx2_modality_shapes",
            "ltx2_shift", "ltx2_transformer"]

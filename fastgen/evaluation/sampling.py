@@ -265,6 +265,10 @@ def _class_columns(labels: torch.Tensor) -> int | None:
     return classes if balanced and 1 < classes <= 20 else None
 
 
+#: The built-in data sets whose samples are pixels (a network trained on them - a diffusers one too - draws images).
+PIXEL_DATASETS = ("digits", "moving_digits", "audio_video_digits")
+
+
 def dataset_of_config(config: Any) -> str | None:
     """The data set a run trained on, as ``fastgen eval`` names it: ``digits``, ``moving_digits``, ``toy:<name>``,
     ``cifar10``, ``imagenet`` - or ``None`` when the training data loader does not say."""
@@ -289,6 +293,7 @@ def dataset_of_config(config: Any) -> str | None:
 
 
 __all__ = [
+    "PIXEL_DATASETS",
     "LoadedRun",
     "balanced_labels",
     "dataset_of_config",

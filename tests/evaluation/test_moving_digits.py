@@ -4,6 +4,8 @@ the drawn digit; real videos score near the floor and noise, shuffled frames or 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -79,7 +81,10 @@ def test_the_wan_moving_digits_recipe_trains_and_samples_videos(tmp_path, monkey
     config.trainer.max_iter = 3
     config.trainer.save_ckpt_iter = 3
     config.dataloader_train.batch_size = 4
-    model = Trainer(config).run()
+    trainer = Trainer(config)
+    model = trainer.run()
+    # the diffusers-backed network draws pixels here: the samples at the end of training are logged as a GIF
+    assert (Path(trainer.run_dir) / "samples" / "iter_0000003.gif").is_file()
     videos, labels = model.sample(2, generator=torch.Generator().manual_seed(0), steps=2)
     assert videos.shape == (2, 1, 8, 8, 16) and torch.isfinite(videos).all()
     assert set(score_videos(videos.clamp(-1, 1), labels.numpy())) >= {"fd_per_frame", "accuracy",
