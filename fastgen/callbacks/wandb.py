@@ -375,7 +375,8 @@ class WandbCallback(Callback):
 
         if not isinstance(getattr(model.net, "backbone", None), DiffusersBackbone):
             return samples
-        if dataset_of_config(self.trainer.config) in PIXEL_DATASETS:  # a diffusers network trained on pixels
+        pixels = dataset_of_config(self.trainer.config) in PIXEL_DATASETS
+        if pixels and not getattr(model.config, "pretrained_model_path", None):  # a diffusers network on pixels
             return samples
         if self._vae is None:
             from fastgen.networks.codecs import load_codec
