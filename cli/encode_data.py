@@ -117,9 +117,11 @@ def _shards(src: str, shard_size: int) -> list[Any]:
 
 
 def _check_frames(family: str, folder: Path, frames: int) -> None:
-    """Wan's and CogVideoX's VAEs encode 1 + k n frames (``k``: Wan's config's ``scale_factor_temporal``,
-    CogVideoX's ``temporal_compression_ratio``; ``CogVideoXPipeline`` makes ``(F - 1) // k + 1`` latent frames)."""
-    keys = {"wan": ("Wan", "scale_factor_temporal"), "cogvideox": ("CogVideoX", "temporal_compression_ratio")}
+    """Wan's (also Cosmos Predict2's) and CogVideoX's VAEs encode 1 + k n frames (``k``: Wan's config's
+    ``scale_factor_temporal``, CogVideoX's ``temporal_compression_ratio``; ``CogVideoXPipeline`` makes ``(F - 1) // k
+    + 1`` latent frames)."""
+    keys = {"wan": ("Wan", "scale_factor_temporal"), "cogvideox": ("CogVideoX", "temporal_compression_ratio"),
+            "cosmos2": ("Cosmos Predict2's Wan", "scale_factor_temporal")}
     if family not in keys or frames == 1:
         return
     import json

@@ -526,3 +526,166 @@ def run_in_process(*args: str) -> subprocess.CompletedProcess:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return subprocess.CompletedProcess(["fastgen", *args], code, stdout.getvalue(), stderr.getvalue())
+
+
+def tiny_digits_recipe(method: str, net: DictConfig, name: str, iterations: int = 2, batch_size: int = 4) -> Any:
+    """The digits recipe of ``method`` (``Digits/config_{method}_digits``: ``sft`` or ``dmd2``) around ``net`` (a
+    tiny diffusers-backed network with a prompt bank for the 10 labels): ``iterations`` iterations logged each and
+    checkpointed at the last, no W&B, EMA callback or validation; DMD2 takes its teacher from
+    ``model.pretrained_model_path`` or the initial weights and trains the fake score and the student alternately."""
+    from fastgen.configs.config_utils import load_config
+
+    config = load_config(f"Digits/config_{method}_digits")
+    config.model.net = net
+    config.model.use_ema = method == "sft"
+    config.trainer.max_iter = iterations
+    config.trainer.logging_iter = 1
+    config.trainer.save_ckpt_iter = iterations
+    config.trainer.validation_iter = None
+    config.dataloader_val = None
+    config.dataloader_train.batch_size = batch_size
+    config.trainer.callbacks = DictConfig({k: v for k, v in config.trainer.callbacks.items() if k not in ("wandb", "ema")})
+    if method == "dmd2":
+        config.model.teacher_ckpt = None
+        config.model.student_update_freq = 2  # of every 2 iterations, one trains the fake score, one the student
+    config.log_config.name = name
+    return config
+
+
+def encode_captioned_images(folder: Path, weights: Path, captions: list[str],
+                            resolution: int = 16) -> tuple[list[Any], dict[str, dict[str, Any]], dict[str, Any]]:
+    """``fastgen encode-data`` of one random ``resolution``-square image per caption (written under ``folder``) with
+    the pipeline folder ``weights``, on the CPU: ``(the images as uint8 (R, R, 3) arrays, each caption's shard
+    members as {field: array} - the ``.npy`` fields loaded - , the shards' index.json)``."""
+    import io
+    import json
+    import tarfile
+
+    import numpy as np
+    from PIL import Image
+
+    photos = folder / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (resolution, resolution, 3), dtype=np.uint8) for _ in captions]
+    for i, (image, caption) in enumerate(zip(images, captions)):
+        Image.fromarray(image).save(photos / f"{i}.png")
+        (photos / f"{i}.txt").write_text(caption)
+    shards = folder / "shards"
+    result = run_in_process("encode-data", str(photos), str(shards), "--weights", str(weights),
+                            "--resolution", str(resolution), "--device", "cpu")
+    assert result.returncode == 0, result.stderr[-2000:]
+    with tarfile.open(shards / "shard-000000.tar") as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    by_caption: dict[str, dict[str, Any]] = {}
+    for name, data in members.items():
+        if name.endswith(".txt"):
+            key = name.split(".")[0]
+            by_caption[data.decode()] = {n.split(".", 1)[1].removesuffix(".npy"): np.load(io.BytesIO(d))
+                                         for n, d in members.items() if n.startswith(key + ".") and n.endswith(".npy")}
+    return images, by_caption, json.loads((shards / "index.json").read_text())
+
+
+def check_bank_labels_and_taps(net: Any, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor,
+                               feature_shape: tuple[int, ...]) -> None:
+    """The contract of a diffusers-backed network with a prompt bank, on ``(x, t)``: a label's prediction is that of
+    its bank row passed as the condition (and another label's differs); feature taps (units 1 and 0) leave the
+    prediction as it is and come back as ``feature_shape`` maps; a log-variance and taps outside the shard units are
+    one-line ValueErrors."""
+    import pytest
+
+    with torch.no_grad():
+        out = net(x, t, condition=labels)
+        assert out.shape == x.shape
+        torch.testing.assert_close(net(x, t, condition=net.backbone.prompt_bank[labels]), out, atol=1e-6, rtol=0)
+        assert not torch.allclose(net(x, t, condition=(labels + 1) % len(net.backbone.prompt_bank)), out, atol=1e-4)
+        pred, features = net(x, t, condition=labels, feature_indices=[1, 0])
+    torch.testing.assert_close(pred, out, atol=1e-6, rtol=0)
+    assert [tuple(f.shape) for f in features] == [tuple(feature_shape)] * 2
+    with pytest.raises(ValueError, match="log-variance"):
+        net(x, t, condition=labels, return_logvar=True)
+    with pytest.raises(ValueError, match="feature_indices"):
+        net(x, t, condition=labels, feature_indices=[len(net.backbone.shard_units())])
+
+
+def sft_then_dmd2_from_its_folder(sft: BaseConfig, dmd2: BaseConfig, folder: Path) -> tuple[Any, Any]:
+    """The real trainer runs ``sft``, its network is saved as the diffusers folder ``folder/transformer``, then runs
+    ``dmd2`` from that folder (``model.pretrained_model_path``: teacher, student and fake score from it). Checks the
+    teacher is exactly the SFT network's weights and the student and fake score moved; returns the two models."""
+    from fastgen.trainer import Trainer
+
+    first = Trainer(sft).run()
+    first.net.backbone.model.save_pretrained(folder / "transformer")
+    dmd2.model.pretrained_model_path = str(folder)
+    second = Trainer(dmd2).run()
+    tuned = first.net.backbone.model.state_dict()
+    teacher = second.teacher.backbone.model.state_dict()
+    for name, p in teacher.items():
+        assert torch.equal(p, tuned[name]), name
+    for name in ("net", "fake_score"):
+        trained = getattr(second, name).backbone.model.state_dict()
+        assert any(not torch.equal(v, teacher[k]) for k, v in trained.items()), name
+    return first, second
+
+
+def check_widened_heads(net: Any, x: torch.Tensor, t: torch.Tensor, condition: Any, heads: int = 3,
+                        atol: float = 1e-5) -> None:
+    """PDD's heads (``fastgen.networks.heads``) on a diffusers-backed network: its head projection (given random
+    weights: diffusers zero-initialises some output layers) widened into ``heads`` copies gives ``heads``
+    predictions ``(B, heads, *x.shape[1:])``, each the base network's; changing head 1's rows (``by_head`` /
+    ``from_heads``: the backbone's layout) changes head 1's prediction only - each head's rows sit where the code
+    after the projection reads that head's channels."""
+    from fastgen.networks.heads import widen_output
+
+    with torch.no_grad():
+        projection = net.get_submodule("backbone." + net.backbone.head_projection().path)
+        projection.weight.normal_(0, 0.1)
+        base = net(x, t, condition=condition)
+        widened = widen_output(net, heads, torch.linspace(1, 0, heads + 1))
+        predictions = net(x, t, condition=condition)
+        assert predictions.shape == (x.shape[0], heads, *x.shape[1:])
+        for h in range(heads):
+            torch.testing.assert_close(predictions[:, h], base, rtol=1e-4, atol=atol)
+        by_head = widened.by_head(widened.weight.detach()).clone()
+        by_head[1] += torch.randn_like(by_head[1])
+        widened.weight.copy_(widened.from_heads(by_head))
+        changed = net(x, t, condition=condition)
+    for h in range(heads):
+        if h != 1:
+            torch.testing.assert_close(changed[:, h], base, rtol=1e-4, atol=atol)
+    assert float((changed[:, 1] - base).abs().max()) > 1e-3
+
+
+def check_checkpointing_and_lora(make_net: Any, x: torch.Tensor, t: torch.Tensor, condition: Any,
+                                 targets: list[str]) -> set[str]:
+    """Activation checkpointing of every shard unit (torch's composable ``checkpoint``, what
+    ``model.activation_checkpointing`` applies) leaves the gradients of ``make_net()``'s networks as they are; a LoRA
+    adapter on the modules matching ``targets`` (two per pattern: the tiny networks have two blocks) starts as the
+    base network. Returns the adapted modules' paths whose parameters a backward reaches (only the LoRA branches
+    train: the caller names which)."""
+    from torch.distributed._composable import checkpoint
+
+    from fastgen.utils.lora_utils import LoRAAdapter
+
+    def gradients(net: Any) -> dict[str, torch.Tensor]:
+        net(x, t, condition=condition).square().sum().backward()
+        return {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
+
+    plain = gradients(make_net())
+    net = make_net()
+    for unit in net.backbone.shard_units():
+        checkpoint(unit)
+    checked = gradients(net)
+    assert plain.keys() == checked.keys()
+    for name, grad in plain.items():
+        torch.testing.assert_close(checked[name], grad, atol=1e-6, rtol=1e-5)
+
+    adapted = make_net()
+    with torch.no_grad():
+        before = adapted(x, t, condition=condition)
+    assert len(LoRAAdapter(rank=2, target_modules=targets).apply(adapted)) == 2 * len(targets)
+    with torch.no_grad():
+        torch.testing.assert_close(adapted(x, t, condition=condition), before, atol=1e-6, rtol=0)
+    trained = gradients(adapted)
+    assert all(".lora." in name for name in trained), sorted(trained)
+    return {name.split(".lora.")[0] for name in trained}

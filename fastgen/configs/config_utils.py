@@ -496,7 +496,7 @@ def _check_url_values(node: Any, key: str = "") -> None:
 
 # the modules of diffusers-backed backbones (``fastgen.networks.diffusers_nets.BACKBONE_MODULES``)
 DIFFUSERS_BACKBONES = ("fastgen.networks.diffusers_nets.", "fastgen.networks.causal_wan.", "fastgen.networks.ltx2.",
-                       "fastgen.networks.cosmos3.")
+                       "fastgen.networks.cosmos3.", "fastgen.networks.cosmos_predict2.")
 
 
 def _check_pretrained_model_path(config: BaseConfig) -> None:

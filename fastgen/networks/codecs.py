@@ -22,6 +22,8 @@ distilled student is only usable in the family's pipeline if fastgen does both e
 * **CogVideoX** (``CogVideoXPipeline``, video): ``z = s E(x)`` with the 3-D VAE's ``scaling_factor``, videos
   ``(B, C, F, H, W)`` (``(F - 1) / 4 + 1`` latent frames; an image is one frame); prompts -> T5's last hidden state
   of the prompt padded to ``max_sequence_length`` (226), without an attention mask.
+* **Cosmos Predict2** (``Cosmos2TextToImagePipeline`` / ``Cosmos2VideoToWorldPipeline``): Wan's VAE and
+  normalisation, T5's states as Wan's umT5 ones but of the prompt uncleaned; images ``(B, C, H, W)``.
 * **LTX-2** (``LTX2Pipeline``, video with sound): ``fastgen.networks.ltx2_codec`` (``LAZY_CODECS``: its module imports
   this one) - the video and audio VAEs, the vocoder, Gemma-3 through the text connectors.
 
@@ -309,16 +311,39 @@ class WanCodec(Codec):
         decoded = super().decode_latents(self._as_video(latents))
         return decoded[:, :, 0] if latents.dim() == 4 else decoded
 
-    @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+    @staticmethod
+    def clean(prompts: list[str]) -> list[str]:
+        """The prompts as the pipeline cleans them before tokenising (``WanPipeline``'s ``prompt_clean``)."""
         from diffusers.pipelines.wan.pipeline_wan import prompt_clean  # the pipeline's own cleaning (ftfy if present)
 
-        tokens = self._tokens("tokenizer", [prompt_clean(p) for p in prompts], self.max_sequence_length,
+        return [prompt_clean(p) for p in prompts]
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        tokens = self._tokens("tokenizer", self.clean(prompts), self.max_sequence_length,
                               add_special_tokens=True, return_attention_mask=True)
         mask = tokens.attention_mask.to(self.device)
         hidden = self.encoders["text_encoder"](tokens.input_ids.to(self.device), mask).last_hidden_state
         keep = mask.gt(0).unsqueeze(-1)  # each prompt's own tokens; the rest zero, as the pipeline pads
         return {"text": hidden * keep.to(hidden.dtype), "text_mask": mask}
+
+
+class CosmosPredict2Codec(WanCodec):
+    """Cosmos Predict2 (``Cosmos2TextToImagePipeline``, ``Cosmos2VideoToWorldPipeline``): Wan 2.1's VAE with Wan's
+    per-channel normalisation (the pipelines' ``sigma_data`` is 1), and T5's last hidden state of the prompt under
+    its attention mask, zero past its tokens, padded to ``max_sequence_length`` (512) - ``_get_t5_prompt_embeds``,
+    which (unlike ``WanPipeline``) does not clean the prompt. Images are ``(B, C, H, W)`` latents (the text-to-image
+    pipeline's one frame, dropped); videos ``(B, C, F, H, W)``."""
+
+    family = "cosmos2"
+
+    @staticmethod
+    def clean(prompts: list[str]) -> list[str]:
+        return list(prompts)
+
+    def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        latents = super().encode_images(pixels, generator)
+        return latents if pixels.dim() == 5 else latents[:, :, 0]
 
 
 class QwenImageCodec(Codec):
@@ -421,10 +446,11 @@ class CogVideoXCodec(Codec):
 
 
 CODECS: dict[str, type[Codec]] = {cls.family: cls for cls in (SDCodec, SDXLCodec, FluxCodec, WanCodec,
-                                                             QwenImageCodec, CogVideoXCodec)}
+                                                             QwenImageCodec, CogVideoXCodec, CosmosPredict2Codec)}
 _BY_PIPELINE = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl", "FluxPipeline": "flux",
                 "WanPipeline": "wan", "QwenImagePipeline": "qwenimage", "CogVideoXPipeline": "cogvideox",
-                "LTX2Pipeline": "ltx2", "Cosmos3OmniPipeline": "cosmos3"}
+                "LTX2Pipeline": "ltx2", "Cosmos3OmniPipeline": "cosmos3", "Cosmos2TextToImagePipeline": "cosmos2",
+                "Cosmos2VideoToWorldPipeline": "cosmos2"}
 #: codecs in modules of their own, which import this one (so they are looked up by name when used): family -> class
 LAZY_CODECS = {"ltx2": "fastgen.networks.ltx2_codec.LTX2Codec", "cosmos3": "fastgen.networks.cosmos3_codec.Cosmos3Codec"}
 
@@ -472,6 +498,7 @@ __all__ = [
     "CODECS",
     "Codec",
     "CogVideoXCodec",
+    "CosmosPredict2Codec",
     "FluxCodec",
     "QwenImageCodec",
     "SDCodec",

@@ -146,7 +146,8 @@ def folder_architecture(path: str, subfolder: str) -> dict[str, Any] | None:
 
 
 #: the modules whose backbones wrap diffusers models (``fastgen.networks.causal_wan``: the block-causal Wan)
-BACKBONE_MODULES = (__name__, "fastgen.networks.causal_wan", "fastgen.networks.ltx2", "fastgen.networks.cosmos3")
+BACKBONE_MODULES = (__name__, "fastgen.networks.causal_wan", "fastgen.networks.ltx2", "fastgen.networks.cosmos3",
+                    "fastgen.networks.cosmos_predict2")
 
 
 def diffusers_backbone_class(network: Any) -> type[DiffusersBackbone] | None:

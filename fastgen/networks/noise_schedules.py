@@ -178,6 +178,35 @@ class EDMNoiseScheduler(NoiseScheduler):
         return c_skip, c_out, c_in, c_noise
 
 
+class EDMFlowScheduler(EDMNoiseScheduler):
+    """EDM's variance-exploding time with a rectified-flow network inside: Cosmos Predict2 (NVIDIA 2025).
+
+    The state is EDM's ``x = x0 + sigma eps`` with ``t = sigma`` (Karras et al. 2022), so training times, the
+    sampling grid (Eq. 5, ``rho = 7`` from ``sigma_max = 80`` to ``sigma_min = 0.002``) and the prior ``sigma_max
+    eps`` are EDM's. The network is a flow-matching model at the equal-SNR rectified-flow time ``u = sigma / (1 +
+    sigma)``: it sees ``x / (1 + sigma) = (1 - u) x0 + u eps`` and ``u`` itself and predicts the velocity
+    ``eps - x0``, so the denoised estimate is ``(1 - u) x - u F``. That is EDM's Eq. 7 with
+    ``c_in = c_skip = 1 - u``, ``c_out = -u``, ``c_noise = u``, computed in the order ``Cosmos2TextToImagePipeline``
+    computes them (its ``c_in`` / ``c_skip`` / ``c_out``), so the two agree to the last bit on the same inputs.
+
+    Training draws ``ln sigma ~ N(P_mean, P_std^2)``; with ``P_mean = 0``, ``P_std = 1`` (the defaults) that is a
+    logit-normal ``u`` (``logit u = ln sigma``; Esser et al. 2024, Eq. 19), and the x0 error is weighted with EDM's
+    ``lambda(sigma)``. ``stops_at_last_time``: the pipeline's sample is the state at the grid's last time
+    ``sigma_min``, not the denoised estimate there - its last Euler step has length zero (``final_sigmas_type
+    "sigma_min"``); ``fastgen.pipelines.schedulers.plan_of`` reads it.
+    """
+
+    stops_at_last_time = True
+
+    def __init__(self, sigma_min: float = 0.002, sigma_max: float = 80.0, sigma_data: float = 1.0,
+                 P_mean: float = 0.0, P_std: float = 1.0, rho: float = 7.0) -> None:  # noqa: N803 - paper names
+        super().__init__(sigma_min, sigma_max, sigma_data, P_mean, P_std, rho)
+
+    def precondition(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        u = t / (t + 1)
+        return 1 - u, -u, 1 - u, u
+
+
 class RectifiedFlowScheduler(NoiseScheduler):
     """Rectified flow / flow matching (Liu et al. 2023; Lipman et al. 2023): ``x_t = (1 - t) x0 + t eps``.
 

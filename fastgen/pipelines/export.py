@@ -35,7 +35,7 @@ logger = get_logger(__name__)
 EXPORT_FILE = "fastgen_export.json"
 _PIPELINE_TAG = {"sd": "text-to-image", "sdxl": "text-to-image", "flux": "text-to-image", "wan": "text-to-video",
                  "qwenimage": "text-to-image", "cogvideox": "text-to-video", "ltx2": "text-to-video",
-                 "cosmos3": "text-to-video"}
+                 "cosmos3": "text-to-video", "cosmos2": "text-to-image"}
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

@@ -14,6 +14,9 @@ students then re-noise between steps (``x0``, then fresh noise at the next time)
   ``(B, H/2 * W/2, 4 C)`` tokens. (Qwen-Image's ``prepare_latents`` draws ``(1, C, H, W)`` per prompt - a frame
   axis of one in front - which is the same numbers as ``(C, H, W)``.)
   ``global_seed`` stands in for ``torch.manual_seed(global_seed)`` before the pipeline call.
+
+Cosmos Predict2's pipelines start from ``sigma_max`` times that unit noise (EDM's latents ``x0 + sigma eps``:
+``INITIAL_AT_SIGMA_MAX``); the others from the unit noise itself.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from fastgen.networks.diffusers_nets import pack_flux_latents, unpack_flux_laten
 
 # families whose pipelines pass their generator to the scheduler's step (else the step draws from the global one)
 STEP_TAKES_GENERATOR = {"sd": True, "sdxl": True, "flux": False, "wan": False, "qwenimage": False, "cogvideox": True,
-                        "cosmos3": False}
+                        "cosmos3": False, "cosmos2": False}
 # families whose schedulers step packed 2x2-patch tokens (the global draw is made in that layout)
 PACKED_LATENTS = ("flux", "qwenimage")
 # families whose pipelines hold video latents frame major, (B, F, C, H, W): their draws are made in that order
 FRAME_MAJOR = ("cogvideox",)
+# families whose pipelines multiply their starting unit noise by the schedule's sigma_max (``prepare_latents``)
+INITIAL_AT_SIGMA_MAX = ("cosmos2",)
 
 
 def seeded(seeds: Sequence[int]) -> list[torch.Generator]:
@@ -59,9 +64,14 @@ class PipelineNoise:
         return torch.cat([torch.randn((1, *shape), generator=g, device="cpu", dtype=self.dtype)
                           for g in self.generators])
 
-    def initial(self, latent_shape: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
-        """``(B, *latent_shape)`` starting latents (``prepare_latents``: one draw per sample's generator)."""
-        return self._per_sample(latent_shape).to(device)
+    def initial(self, latent_shape: Sequence[int], device: torch.device | str = "cpu",
+                sigma_max: float = 1.0) -> torch.Tensor:
+        """``(B, *latent_shape)`` starting latents (``prepare_latents``: one draw per sample's generator, times
+        ``sigma_max`` - the schedule's ``sigma(t_max)`` - in the ``INITIAL_AT_SIGMA_MAX`` families)."""
+        noise = self._per_sample(latent_shape)
+        if self.family in INITIAL_AT_SIGMA_MAX:
+            noise = noise * sigma_max
+        return noise.to(device)
 
     def randn_like(self, x: torch.Tensor) -> torch.Tensor:
         if STEP_TAKES_GENERATOR[self.family]:

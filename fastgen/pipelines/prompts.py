@@ -42,7 +42,8 @@ def ode_sample(net: nn.Module, noise: torch.Tensor, condition: torch.Tensor, unc
     when it is linear (then the same as guiding the noise or the velocity, as the pipelines do), else on the
     native prediction by the backbone's own rule (``DiffusersBackbone.guide``; Qwen-Image's norm rescale of the
     velocity), converted to the denoised estimate after. ``noise`` may be a multimodal sample (a dict of modalities,
-    ``fastgen.networks.modalities``; LTX-2): every modality steps on the same grid, guided with the same scale."""
+    ``fastgen.networks.modalities``; LTX-2): every modality steps on the same grid, guided with the same scale.
+    Returns the last denoised estimate, or with ``plan.end > 0`` the state one more DDIM step reaches at ``end``."""
     schedule = net.noise_scheduler
     backbone = getattr(net, "backbone", None)
     native = not getattr(backbone, "linear_guidance", True)
@@ -63,10 +64,10 @@ def ode_sample(net: nn.Module, noise: torch.Tensor, condition: torch.Tensor, unc
                 x0 = modalities.per_modality(lambda c_m, u_m: u_m + plan.guidance * (c_m - u_m), c, u)
         else:
             x0 = net(x, t_vec, condition=condition, fwd_pred_type="x0")
-        if i + 1 < len(plan.times):
-            a, b = schedule.ddim_coefficients(t, plan.times[i + 1])
+        if i + 1 < len(plan.times) or plan.end > 0:
+            a, b = schedule.ddim_coefficients(t, plan.times[i + 1] if i + 1 < len(plan.times) else plan.end)
             x = modalities.per_modality(lambda x0_m, x_m: float(a) * x0_m + float(b) * x_m, x0, x)
-    return x0
+    return x if plan.end > 0 else x0
 
 
 class PromptSampler:
@@ -101,7 +102,9 @@ class PromptSampler:
         if len(prompts) != len(seeds):
             raise ValueError("one seed per prompt")
         noise = PipelineNoise(self.codec.family, seeded(seeds), global_seed=seeds[0])
-        x_t = noise.initial(latent_shape, self.device).to(self.dtype)
+        schedule = self.net.noise_scheduler
+        sigma_max = float(schedule.sigma(torch.tensor(float(schedule.t_max), dtype=torch.float64)))
+        x_t = noise.initial(latent_shape, self.device, sigma_max).to(self.dtype)
         fit = getattr(self.codec, "fit_latent_shape", None)
         if fit is not None:  # Cosmos 3: the prompt's templates name the sample's frame count and resolution
             fit(latent_shape)

@@ -28,6 +28,10 @@ cogvideox  ``LCMScheduler`` as sd, its ``trained_betas`` those of      ``CogVide
            CogVideoX's ``alphas_cumprod`` (SNR shift, zero terminal    own schedule, "trailing": its grid comes
            SNR: LCM has neither)                                       from ``num_inference_steps`` (it steps
                                                                        ``t -> t - N // n``)
+cosmos2    one step only: its scheduler cannot re-noise EDM latents    ``FlowMatchEulerDiscreteScheduler`` on Karras
+           (``Cosmos2TextToImagePipeline``; the sample is the state    sigmas (its grid from ``num_inference_steps``
+           at ``sigma_min`` after that step, ``x0 + 0.002 (x_T - x0)   alone), ending at ``sigma_min``:
+           / 80``, not ``x0``)                                         ``SamplingPlan.end``
 =========  ==========================================================  ============================================
 
 The exported schedulers never shift: fastgen's times already are the shifted ones (Qwen-Image's network samples
@@ -48,18 +52,23 @@ LCM_TIMESTEP_SCALING = 1.0e6
 
 @dataclass(frozen=True)
 class SamplingPlan:
-    """How a network samples: ``sampler`` (``SAMPLERS``), its evaluation ``times`` from ``t_max`` down, and the
-    classifier-free guidance ``guidance`` against the negative prompt (1: none)."""
+    """How a network samples: ``sampler`` (``SAMPLERS``), its evaluation ``times`` from ``t_max`` down, the
+    classifier-free guidance ``guidance`` against the negative prompt (1: none), and where the ODE ends: ``end = 0``
+    returns the denoised estimate at the last time, a positive ``end`` the state the last DDIM step reaches there,
+    unevaluated (Cosmos Predict2's pipelines stop at ``sigma_min``: ``EDMFlowScheduler.stops_at_last_time``)."""
 
     sampler: str
     times: tuple[float, ...]
     guidance: float = 1.0
+    end: float = 0.0
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
         if not self.times or any(b >= a for a, b in zip(self.times, self.times[1:])):
             raise ValueError(f"times must be decreasing and non-empty, got {list(self.times)}")
+        if self.end < 0 or (self.end > 0 and self.end >= self.times[-1]):
+            raise ValueError(f"end must be 0 or in (0, the last time {self.times[-1]}), got {self.end}")
 
 
 def plan_of(model: Any, which: str, steps: int | None = None, guidance: float | None = None) -> SamplingPlan:
@@ -81,9 +90,15 @@ def plan_of(model: Any, which: str, steps: int | None = None, guidance: float | 
     trained = getattr(schedule, "num_train_timesteps", None)
     if trained:  # a discrete schedule: on its trained steps t = (k + 1) / N, where diffusers' schedulers evaluate
         grid = sorted({(max(round(t * trained - 1), 0) + 1) / trained for t in grid}, reverse=True)
+    end = 0.0
+    if getattr(schedule, "stops_at_last_time", False):  # the sample is the state at the grid's last time
+        if len(grid) < 2:
+            raise UsageError(f"{type(schedule).__name__} samples {steps} step(s) as its pipeline does: the last one "
+                             "has length zero, so sampling needs at least 2")
+        grid, end = grid[:-1], grid[-1]
     if guidance is None:
         guidance = getattr(model.config, "guidance_scale", None) or 1.0
-    return SamplingPlan("ode", tuple(float(t) for t in grid), float(guidance))
+    return SamplingPlan("ode", tuple(float(t) for t in grid), float(guidance), float(end))
 
 
 @dataclass
@@ -225,6 +240,55 @@ def _cogvideox(plan: SamplingPlan, schedule: Any) -> DiffusersSampling:
     return DiffusersSampling(diffusers.CogVideoXDDIMScheduler(**config), call)
 
 
+def _cosmos2(plan: SamplingPlan, schedule: Any, backbone: Any) -> DiffusersSampling:
+    """``Cosmos2TextToImagePipeline``: ``FlowMatchEulerDiscreteScheduler`` with ``use_karras_sigmas`` over EDM's
+    ``sigma`` (the pipeline registers ``sigma_min`` 0.002, ``sigma_max`` 80 and ``final_sigmas_type="sigma_min"``
+    itself), stepped on the pipeline's epsilon ``(x - x0) / sigma``: Euler in ``sigma`` is the DDIM step. Its
+    ``n`` steps evaluate Karras' first ``n - 1`` sigmas and end at the last, ``sigma_min`` (the last step has length
+    zero). It guides ``x_c + g (x_c - x_u)`` only for ``g > 1``: fastgen's scale ``s`` is ``g + 1``."""
+    import diffusers
+    import torch
+
+    from fastgen.networks.noise_schedules import EDMFlowScheduler
+
+    if not isinstance(schedule, EDMFlowScheduler):
+        raise UsageError(f"a Cosmos Predict2 pipeline samples EDMFlowScheduler; this network has "
+                         f"{type(schedule).__name__}")
+    if getattr(backbone, "condition_channels", 0):
+        raise UsageError("a Cosmos Predict2 video-to-world network samples in Cosmos2VideoToWorldPipeline with "
+                         "conditioning frames, which fastgen does not sample (it trains the text-to-world path)")
+    fixed = {"sigma_min": 0.002, "sigma_max": 80.0, "sigma_data": 1.0}
+    if any(abs(getattr(schedule, k) - v) > 1e-9 for k, v in fixed.items()) or schedule.rho != 7.0:
+        raise UsageError(f"the Cosmos Predict2 pipelines fix {fixed} and rho 7; this network's schedule has other "
+                         "values")
+    if plan.sampler == "renoise" and len(plan.times) > 1:
+        raise UsageError("a multi-step student re-noises x0 + sigma eps between steps, which the Cosmos Predict2 "
+                         "pipeline's scheduler does not do; export a one-step student, an ODE-sampled network or "
+                         "the teacher")
+    if plan.guidance != 1.0 and plan.guidance <= 2.0:
+        raise UsageError(f"guidance {plan.guidance}: the Cosmos Predict2 pipelines guide with guidance_scale g = s - "
+                         "1 only above 1, so s must be 1 or above 2")
+    steps = len(plan.times) + 1
+
+    def scheduler() -> Any:  # the released folders' scheduler, with what the pipeline registers into it
+        made = diffusers.FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0, use_karras_sigmas=True)
+        made.register_to_config(**fixed, final_sigmas_type="sigma_min")
+        return made
+
+    probe = scheduler()
+    probe.set_timesteps(sigmas=torch.linspace(0, 1, steps, dtype=torch.float64).tolist())
+    grid = probe.sigmas[:-1].tolist()
+    want = [*plan.times, plan.end if plan.sampler == "ode" else grid[-1]]
+    if any(abs(a - b) > 1e-5 * max(1.0, b) for a, b in zip(want, grid)):
+        raise UsageError(f"the Cosmos Predict2 pipelines set their sigmas from num_inference_steps alone (Karras, rho "
+                         f"7, 80 -> 0.002); the times {list(plan.times)} ending at {plan.end} are not that grid (it "
+                         f"would evaluate {[round(t, 5) for t in grid[:-1]]} and end at {grid[-1]:.5g})")
+    call: dict[str, Any] = {"num_inference_steps": steps, "guidance_scale": max(plan.guidance - 1.0, 0.0)}
+    if plan.guidance != 1.0:
+        call["negative_prompt"] = ""  # fastgen's default negative prompt (the pipeline's own is a long sentence)
+    return DiffusersSampling(scheduler(), call)
+
+
 def diffusers_sampling(family: str, plan: SamplingPlan, net: Any) -> DiffusersSampling:
     """The scheduler and call arguments with which the ``family``'s pipeline samples ``net`` (a ``DiffusionNet``)
     as ``plan`` says."""
@@ -238,6 +302,8 @@ def diffusers_sampling(family: str, plan: SamplingPlan, net: Any) -> DiffusersSa
         return _flow(plan, schedule, family, backbone)
     if family == "cogvideox":
         return _cogvideox(plan, schedule)
+    if family == "cosmos2":
+        return _cosmos2(plan, schedule, backbone)
     raise UsageError(f"no diffusers export for the family {family!r}")
 
 

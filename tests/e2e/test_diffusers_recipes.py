@@ -1,5 +1,5 @@
 """The recipes for real diffusers-backed models (``SD/`` 1.5 and XL, ``Flux/``, ``Wan/``, ``QwenImage/``,
-``CogVideoX/``, ``LTX2/``): without
+``CogVideoX/``, ``LTX2/``, ``CosmosPredict2/``): without
 their weights folder ``fastgen train`` is one line naming ``model.pretrained_model_path`` (exit 2, no run
 directory); with it but without the encoded prompts, one line naming that file. (Loading, validation, dry runs and config.yaml
 round-trips of every recipe: tests/configs/test_recipes.py; the networks themselves, trained on digits from
@@ -16,7 +16,9 @@ RECIPES = {"SD/config_dmd2_sd15": "sd15", "SD/config_dmd2_sdxl": "sdxl", "SD/con
            "Flux/config_dmd2_flux": "flux1_dev", "Wan/config_dmd2_wan": "wan21_t2v_1_3b",
            "QwenImage/config_dmd2_qwenimage": "qwen_image", "QwenImage/config_sft_qwenimage": "qwen_image",
            "CogVideoX/config_dmd2_cogvideox": "cogvideox_5b", "CogVideoX/config_sft_cogvideox": "cogvideox_5b",
-           "LTX2/config_sft_ltx2": "ltx2_19b", "LTX2/config_dmd2_ltx2": "ltx2_19b"}
+           "LTX2/config_sft_ltx2": "ltx2_19b", "LTX2/config_dmd2_ltx2": "ltx2_19b",
+           "CosmosPredict2/config_dmd2_cosmos_predict2": "cosmos_predict2_2b",
+           "CosmosPredict2/config_sft_cosmos_predict2": "cosmos_predict2_2b"}
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -40,7 +42,7 @@ def test_a_real_model_recipe_names_its_missing_weights_then_its_missing_prompts(
 
 TINY_RECIPE = '''
 from fastgen.configs.experiments.Digits.config_dmd2_digits import create_config as dmd2_digits
-from fastgen.configs.net_diffusers import {tiny}, {build}
+from fastgen.configs.{module} import {tiny}, {build}
 
 
 def create_config():
@@ -54,10 +56,13 @@ def create_config():
     config.log_config.name = "tiny_{family}"
     return config
 '''
-# family: (network builder, its tiny config, the pipeline folder's subfolder)
-TINY_FAMILIES = {"flux": ("flux_transformer", "TINY_FLUX", "transformer"), "sdxl": ("sdxl_unet", "TINY_SDXL_UNET", "unet"),
-                 "qwenimage": ("qwenimage_transformer", "TINY_QWEN_IMAGE", "transformer"),
-                 "cogvideox": ("cogvideox_transformer", "TINY_COGVIDEOX", "transformer")}
+# family: (network builder, its tiny config, the pipeline folder's subfolder, the fastgen.configs module of both)
+TINY_FAMILIES = {"flux": ("flux_transformer", "TINY_FLUX", "transformer", "net_diffusers"),
+                 "sdxl": ("sdxl_unet", "TINY_SDXL_UNET", "unet", "net_diffusers"),
+                 "qwenimage": ("qwenimage_transformer", "TINY_QWEN_IMAGE", "transformer", "net_diffusers"),
+                 "cogvideox": ("cogvideox_transformer", "TINY_COGVIDEOX", "transformer", "net_diffusers"),
+                 "cosmos2": ("cosmos_predict2_transformer", "TINY_COSMOS_PREDICT2", "transformer",
+                             "net_cosmos_predict2")}
 
 
 @pytest.mark.slow
@@ -68,20 +73,23 @@ def test_two_ranks_distil_a_tiny_model_from_its_weights_folder_sharded_after_a_m
     reads the diffusers folder and broadcasts), activation checkpointing, DMD2 with the GAN head. The teacher the
     run trained with is exactly the folder's weights: the final checkpoint's fingerprint of it (the checkpoint
     leaves the frozen teacher out) is that of a network loaded from the folder in this process."""
+    import importlib
+
     import torch
     from multirank import fastgen
     from safetensors.torch import load_file
 
     from fastgen.checkpoint.checkpointer import load_checkpoint
-    from fastgen.configs import net_diffusers
     from fastgen.configs.instantiate import instantiate
 
-    build, tiny, subfolder = TINY_FAMILIES[family]
+    build, tiny, subfolder, module = TINY_FAMILIES[family]
+    configs = importlib.import_module(f"fastgen.configs.{module}")
     torch.manual_seed(3)
-    source = instantiate(getattr(net_diffusers, build)(getattr(net_diffusers, tiny))).backbone.model
+    source = instantiate(getattr(configs, build)(getattr(configs, tiny))).backbone.model
     source.save_pretrained(tmp_path / "pipeline" / subfolder)
     recipe = tmp_path / f"tiny_{family}.py"
-    recipe.write_text(TINY_RECIPE.format(folder=str(tmp_path / "pipeline"), build=build, tiny=tiny, family=family))
+    recipe.write_text(TINY_RECIPE.format(folder=str(tmp_path / "pipeline"), build=build, tiny=tiny, family=family,
+                                         module=module))
     result = fastgen("train", "--nproc-per-node", "2", "-c", str(recipe), "--eval-samples", "0", "-",
                      "trainer.fsdp=True", "model.meta_init=True", "model.activation_checkpointing=True",
                      "trainer.max_iter=4", "trainer.save_ckpt_iter=4", "dataloader_train.batch_size=8",

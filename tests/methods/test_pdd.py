@@ -172,13 +172,16 @@ def test_the_recipe_trains_and_samples_with_any_step_count(tmp_path: Path, monke
         assert out.is_file()
 
 
-@pytest.mark.parametrize("family", ["sd", "sdxl", "flux", "wan", "qwenimage", "cogvideox"])
+@pytest.mark.parametrize("family", ["sd", "sdxl", "flux", "wan", "qwenimage", "cogvideox", "cosmos2"])
 def test_diffusers_backbones_widen_in_their_layout(family: str) -> None:
     """The diffusers-backed networks (tiny random configs of the real classes): widened into 3 heads, every head
     equals the network; changing head 1's rows of the projection changes head 1's prediction only - the layout
     (channel major for a convolution, Flux's / Qwen-Image's packed tokens and CogVideoX's ``(channel, p, p)`` rows,
-    patch major for Wan) puts each head's rows where
+    patch major for Wan and Cosmos Predict2) puts each head's rows where
     the code after the projection reads that head's channels."""
+    from fastgen_testing import check_widened_heads
+
+    from fastgen.configs.net_cosmos_predict2 import TINY_COSMOS_PREDICT2, cosmos_predict2_transformer
     from fastgen.configs.net_diffusers import (
         TINY_COGVIDEOX,
         TINY_FLUX,
@@ -193,30 +196,14 @@ def test_diffusers_backbones_widen_in_their_layout(family: str) -> None:
         sdxl_unet,
         wan_transformer,
     )
-    from fastgen.networks.heads import widen_output
 
     build = {"sd": lambda: sd_unet(TINY_SD_UNET, num_prompts=4),
              "sdxl": lambda: sdxl_unet(TINY_SDXL_UNET, vae_scale_factor=2, num_prompts=4),
              "flux": lambda: flux_transformer(TINY_FLUX, num_prompts=4),
              "wan": lambda: wan_transformer(TINY_WAN, num_prompts=4),
              "qwenimage": lambda: qwenimage_transformer(TINY_QWEN_IMAGE, num_prompts=4, image_seq_len=16),
-             "cogvideox": lambda: cogvideox_transformer(TINY_COGVIDEOX, num_prompts=4)}[family]
+             "cogvideox": lambda: cogvideox_transformer(TINY_COGVIDEOX, num_prompts=4),
+             "cosmos2": lambda: cosmos_predict2_transformer(TINY_COSMOS_PREDICT2, text_tokens=4, num_prompts=4)}[family]
     torch.manual_seed(0)
     net = instantiate(build())
-    x, t, y = torch.randn(2, 1, 8, 8), torch.tensor([0.7, 0.3]), torch.tensor([0, 3])
-    with torch.no_grad():
-        projection = net.get_submodule("backbone." + net.backbone.head_projection().path)
-        projection.weight.normal_(0, 0.1)  # diffusers zero-initialises some output layers
-        base = net(x, t, condition=y)
-        widened = widen_output(net, 3, torch.linspace(1, 0, 4))
-        heads = net(x, t, condition=y)
-        assert heads.shape == (2, 3, 1, 8, 8)
-        for h in range(3):
-            torch.testing.assert_close(heads[:, h], base, rtol=1e-4, atol=1e-5)
-        by_head = widened.by_head(widened.weight.detach()).clone()
-        by_head[1] += torch.randn_like(by_head[1])
-        widened.weight.copy_(widened.from_heads(by_head))
-        changed = net(x, t, condition=y)
-    torch.testing.assert_close(changed[:, 0], base, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(changed[:, 2], base, rtol=1e-4, atol=1e-5)
-    assert float((changed[:, 1] - base).abs().max()) > 1e-3
+    check_widened_heads(net, torch.randn(2, 1, 8, 8), torch.tensor([0.7, 0.3]), torch.tensor([0, 3]))

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-from omegaconf import DictConfig
 from tiny_cosmos3 import SPATIAL, TEMPORAL, cosmos3_pipeline, tiny_transformer
 
 from fastgen.configs.instantiate import instantiate
@@ -101,24 +100,12 @@ def test_a_batch_is_the_models_own_forward_on_each_packed_sample(config: dict[st
 def _digits_config(method: str, tmp_path: Path, config: dict[str, Any] = TINY_COSMOS3) -> Any:
     """A digits recipe (``sft`` or ``dmd2``) with the tiny Cosmos 3 (labels through a bank of 10 stand-in embedded
     prompts, the null condition ids 1..3), 2 iterations, no W&B / validation."""
-    from fastgen.configs.config_utils import load_config
+    from fastgen_testing import tiny_digits_recipe
 
-    recipe = load_config(f"Digits/config_{method}_digits")
-    recipe.model.net = cosmos3_transformer(config, negative_ids=[1, 2, 3], num_prompts=10, prompt_tokens=3, **SIZES)
-    recipe.model.use_ema = method == "sft"
-    recipe.trainer.max_iter = 2
-    recipe.trainer.logging_iter = 1
-    recipe.trainer.save_ckpt_iter = 2
-    recipe.trainer.validation_iter = None
-    recipe.dataloader_val = None
-    recipe.dataloader_train.batch_size = 4
-    kept = {k: v for k, v in recipe.trainer.callbacks.items() if k not in ("wandb", "ema")}
-    recipe.trainer.callbacks = DictConfig(kept)
+    net = cosmos3_transformer(config, negative_ids=[1, 2, 3], num_prompts=10, prompt_tokens=3, **SIZES)
+    recipe = tiny_digits_recipe(method, net, f"{method}_cosmos3")
     if method == "dmd2":
-        recipe.model.teacher_ckpt = None
-        recipe.model.student_update_freq = 2  # of the 2 iterations, one trains the fake score, one the student
         recipe.model.gan_loss_weight_gen = 1e-2  # the GAN head reads the feature taps of the fake score's middle layer
-    recipe.log_config.name = f"{method}_cosmos3"
     return recipe
 
 
@@ -129,26 +116,14 @@ def test_sft_then_dmd2_train_two_iterations_on_digits(output_root: Path, tmp_pat
     network saved as a diffusers folder (``model.pretrained_model_path``: teacher, student and fake score from it)
     two iterations with the GAN head on the fake score's feature taps; the teacher is exactly the folder's weights
     and the student and fake score move."""
-    from fastgen.trainer import Trainer
+    from fastgen_testing import sft_then_dmd2_from_its_folder
 
-    sft = Trainer(_digits_config("sft", tmp_path)).run()
+    sft, _ = sft_then_dmd2_from_its_folder(_digits_config("sft", tmp_path), _digits_config("dmd2", tmp_path),
+                                           tmp_path / "pipeline")
     start = instantiate(cosmos3_transformer(TINY_COSMOS3, negative_ids=[1, 2, 3], num_prompts=10, prompt_tokens=3))
-    torch.manual_seed(0)
     moved = [n for n, p in sft.net.backbone.model.named_parameters() if p.requires_grad
              and not torch.equal(p, dict(start.backbone.model.named_parameters())[n])]
     assert moved, "SFT changed no weight"
-    folder = tmp_path / "pipeline"
-    sft.net.backbone.model.save_pretrained(folder / "transformer")
-
-    config = _digits_config("dmd2", tmp_path)
-    config.model.pretrained_model_path = str(folder)
-    dmd2 = Trainer(config).run()
-    teacher = dmd2.teacher.backbone.model.state_dict()
-    for name, p in teacher.items():
-        assert torch.equal(p, sft.net.backbone.model.state_dict()[name]), name
-    for name in ("net", "fake_score"):
-        trained = getattr(dmd2, name).backbone.model.state_dict()
-        assert any(not torch.equal(v, teacher[k]) for k, v in trained.items()), name
     assert (output_root / "fastgen" / "digits" / "dmd2_cosmos3" / "checkpoints" / "0000002.pth").is_file()
 
 
@@ -277,26 +252,17 @@ def test_contract_labels_taps_and_refusals() -> None:
     vision tokens as ``(B, D, F h, w)`` maps (odd widths padded to whole patches); an audio modality without the
     model's sound path, a log-variance and taps outside the layers are one-line errors; a missing tokenizer is
     named when the null condition is needed."""
+    from fastgen_testing import check_bank_labels_and_taps
+
     from fastgen.utils.errors import ConfigError
 
     net = _net(negative_ids=[1, 2], num_prompts=4, prompt_tokens=3)
     x = torch.randn(2, 1, 3, 8, 7)
     t = torch.tensor([0.2, 0.6])
     labels = torch.tensor([1, 3])
-    with torch.no_grad():
-        out = net(x, t, condition=labels)
-        assert out.shape == x.shape
-        torch.testing.assert_close(net(x, t, condition=net.backbone.prompt_bank[labels]), out, atol=1e-6, rtol=0)
-        assert not torch.allclose(net(x, t, condition=torch.tensor([1, 2])), out, atol=1e-4)
-        pred, features = net(x, t, condition=labels, feature_indices=[1, 0])
-    torch.testing.assert_close(pred, out, atol=1e-6, rtol=0)
-    assert [tuple(f.shape) for f in features] == [(2, 16, 3 * 4, 4)] * 2
+    check_bank_labels_and_taps(net, x, t, labels, (2, 16, 3 * 4, 4))
     with pytest.raises(ConfigError, match="sound_gen"):
         net({"video": x, "audio": torch.randn(2, 2, 4)}, t, condition=labels)
-    with pytest.raises(ValueError, match="log-variance"):
-        net(x, t, condition=labels, return_logvar=True)
-    with pytest.raises(ValueError, match="feature_indices"):
-        net(x, t, condition=labels, feature_indices=[2])
     bare = _net()
     with pytest.raises(ConfigError, match="tokenizer"):
         bare(x, t, condition=None)
@@ -349,33 +315,12 @@ def test_activation_checkpointing_and_lora_keep_the_gradients() -> None:
     """Activation checkpointing of every decoder layer (torch's composable ``checkpoint``, what
     ``model.activation_checkpointing`` applies to ``shard_units``) gives the same gradients; a LoRA adapter on the
     layers' attention projections (both streams) trains only its branches and starts as the base network."""
-    from torch.distributed._composable import checkpoint
-
-    from fastgen.utils.lora_utils import LoRAAdapter
+    from fastgen_testing import check_checkpointing_and_lora
 
     x, t, text = torch.randn(2, 1, 3, 8, 8), torch.tensor([0.3, 0.9]), torch.randn(2, 4, 16)
-
-    def gradients(net: Any) -> dict[str, torch.Tensor]:
-        net(x, t, condition=text).square().sum().backward()
-        return {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
-
-    plain = gradients(_net(negative_ids=[1]))
-    net = _net(negative_ids=[1])
-    for unit in net.backbone.shard_units():
-        checkpoint(unit)
-    checked = gradients(net)
-    assert plain.keys() == checked.keys()
-    for name, grad in plain.items():
-        torch.testing.assert_close(checked[name], grad, atol=1e-6, rtol=1e-5)
-
-    adapted = _net(negative_ids=[1])
-    with torch.no_grad():
-        before = adapted(x, t, condition=text)
-    chosen = LoRAAdapter(rank=2, target_modules=["*self_attn.to_q", "*self_attn.add_q_proj"]).apply(adapted)
-    assert len(chosen) == 4
-    with torch.no_grad():
-        torch.testing.assert_close(adapted(x, t, condition=text), before, atol=1e-6, rtol=0)
-    assert {n.split(".lora.")[0].split(".")[-1] for n in gradients(adapted)} == {"to_q", "add_q_proj"}
+    adapted = check_checkpointing_and_lora(lambda: _net(negative_ids=[1]), x, t, text,
+                                           ["*self_attn.to_q", "*self_attn.add_q_proj"])
+    assert {path.split(".")[-1] for path in adapted} == {"to_q", "add_q_proj"}
 
 
 @pytest.mark.parametrize("method", ["sft", "dmd2"])
@@ -468,54 +413,26 @@ def test_encode_data_writes_the_pipelines_latents_and_prompt_embeddings(pipeline
     ``(1, 1, 8, 8)`` equal to the pipeline's ``_encode_video`` and a ``text.npy`` of 512 rows - the transformer's
     embeddings of the ids ``tokenize_prompt`` gives the caption for an image of 16x16 (the codec sized from the
     latents), then zeros."""
-    import io
-    import json
-    import tarfile
+    from fastgen_testing import encode_captioned_images
 
-    import numpy as np
-    from fastgen_testing import run_in_process
-    from PIL import Image
-
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    rng = np.random.default_rng(0)
-    images = [rng.integers(0, 256, (16, 16, 3), dtype=np.uint8) for _ in PROMPTS]
-    for i, (image, caption) in enumerate(zip(images, PROMPTS)):
-        Image.fromarray(image).save(photos / f"{i}.png")
-        (photos / f"{i}.txt").write_text(caption)
-    shards = tmp_path / "shards"
-    result = run_in_process("encode-data", str(photos), str(shards), "--weights", str(pipeline_folder),
-                            "--resolution", "16", "--device", "cpu")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads((shards / "index.json").read_text())["latent_shape"] == [1, 1, 8, 8]
-    with tarfile.open(shards / "shard-000000.tar") as tar:
-        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    images, members, index = encode_captioned_images(tmp_path, pipeline_folder, PROMPTS)
+    assert index["latent_shape"] == [1, 1, 8, 8]
     pipe = _pipeline(pipeline_folder)
-    for i, (image, caption) in enumerate(zip(images, PROMPTS)):
-        key = next(name.split(".")[0] for name, data in members.items()
-                   if name.endswith(".txt") and data.decode() == caption)
-        text = torch.from_numpy(np.load(io.BytesIO(members[f"{key}.text.npy"])))
+    for image, caption in zip(images, PROMPTS):
+        text = torch.from_numpy(members[caption]["text"])
         ids = pipe.tokenize_prompt(caption, None, num_frames=1, height=16, width=16)[0]
         torch.testing.assert_close(text, _embedded(pipe.transformer, [ids], 512)[0], atol=0, rtol=0)
         pixels = torch.from_numpy(image).float().permute(2, 0, 1)[None, :, None] / 127.5 - 1
         with torch.no_grad():
             want = pipe._encode_video(pixels)[0]
-        latent = torch.from_numpy(np.load(io.BytesIO(members[f"{key}.latent.npy"])))
-        torch.testing.assert_close(latent, want, atol=1e-6, rtol=0)
+        torch.testing.assert_close(torch.from_numpy(members[caption]["latent"]), want, atol=1e-6, rtol=0)
 
 
 def test_a_widened_output_projection_gives_one_prediction_per_head() -> None:
-    """PDD's heads (``fastgen.networks.heads``): ``proj_out`` widened into 3 copies of itself (rows per token
-    ``(p, p, head, channel)``) gives 3 predictions ``(B, 3, C, F, H, W)``, each the base network's at
-    initialisation (odd widths cropped as the single head's)."""
-    from fastgen.networks.heads import widen_output
+    """PDD's heads (``check_widened_heads``): ``proj_out`` widened into 3 copies of itself (rows per token ``(p, p,
+    head, channel)``) gives 3 predictions ``(B, 3, C, F, H, W)``, each the base network's at initialisation (odd
+    widths cropped as the single head's), and each head's rows are its own."""
+    from fastgen_testing import check_widened_heads
 
-    net = _net(negative_ids=[1])
     x, t, text = torch.randn(2, 1, 3, 8, 7), torch.tensor([0.3, 0.9]), torch.randn(2, 4, 16)
-    with torch.no_grad():
-        base = net(x, t, condition=text)
-        widen_output(net, 3)
-        heads = net(x, t, condition=text)
-    assert heads.shape == (2, 3, *x.shape[1:])
-    for k in range(3):
-        torch.testing.assert_close(heads[:, k], base, atol=1e-6, rtol=0)
+    check_widened_heads(_net(negative_ids=[1]), x, t, text)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import DictConfig
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.configs.net_diffusers import (
@@ -355,23 +354,10 @@ def test_a_missing_diffusers_package_is_one_line_with_the_install_command(monkey
 
 def _digits_config(method: str, family: str, tmp_path: Path, **net_kwargs):
     """A digits recipe (``sft`` or ``dmd2``) with the tiny ``family`` network, 3 iterations, no W&B/validation."""
-    from fastgen.configs.config_utils import load_config
+    from fastgen_testing import tiny_digits_recipe
 
-    config = load_config(f"Digits/config_{method}_digits")
-    config.model.net = FAMILIES[family](num_prompts=10, **net_kwargs)
-    config.model.use_ema = method == "sft"
-    config.trainer.max_iter = 3
-    config.trainer.logging_iter = 1
-    config.trainer.save_ckpt_iter = 3
-    config.trainer.validation_iter = None
-    config.dataloader_val = None
-    config.dataloader_train.batch_size = 8
-    config.trainer.callbacks = DictConfig({k: v for k, v in config.trainer.callbacks.items() if k not in ("wandb", "ema")})
-    if method == "dmd2":
-        config.model.teacher_ckpt = None
-        config.model.student_update_freq = 2
-    config.log_config.name = f"{method}_{family}"
-    return config
+    return tiny_digits_recipe(method, FAMILIES[family](num_prompts=10, **net_kwargs), f"{method}_{family}",
+                              iterations=3, batch_size=8)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
