@@ -121,7 +121,8 @@ def _check_frames(family: str, folder: Path, frames: int) -> None:
     ``scale_factor_temporal``, CogVideoX's ``temporal_compression_ratio``; ``CogVideoXPipeline`` makes ``(F - 1) // k
     + 1`` latent frames)."""
     keys = {"wan": ("Wan", "scale_factor_temporal"), "cogvideox": ("CogVideoX", "temporal_compression_ratio"),
-            "cosmos2": ("Cosmos Predict2's Wan", "scale_factor_temporal")}
+            "cosmos2": ("Cosmos Predict2's Wan", "scale_factor_temporal"),
+            "cosmos25": ("Cosmos Predict 2.5's Wan", "scale_factor_temporal")}
     if family not in keys or frames == 1:
         return
     import json
@@ -147,14 +148,16 @@ def _encode(shards: list[Any], source: str, target: str, folder: Path, resolutio
 
     from fastgen.datasets.encode import Destination, encode_shards, write_index
     from fastgen.evaluation.sampling import resolve_device
-    from fastgen.networks.codecs import load_codec
+    from fastgen.networks.codecs import codec_class, codec_family, load_codec
 
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     if world > 1:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
-    codec = load_codec(folder, dtype=dtype).to(resolve_device(device))
+    # a family whose shards hold no text condition (Cosmos Predict 2.5: codec.text_in_shards) needs no text encoder
+    text = bool(getattr(codec_class(codec_family(folder)), "text_in_shards", True))
+    codec = load_codec(folder, dtype=dtype, text=text).to(resolve_device(device))
     progress = (BarProgress() if interactive() else LineProgress()) if rank == 0 else None
     if progress is not None:
         sizes = [shard.size for shard in shards[rank::world]]

@@ -49,8 +49,7 @@ def init(
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
 ) -> None:
     """Scaffold a custom experiment config from a built-in recipe."""
-    from fastgen.configs.config_utils import list_recipes, resolve_recipe
-    from fastgen.configs.schema import did_you_mean
+    from fastgen.configs.config_utils import recipe_hint, resolve_recipe
     from fastgen.utils.errors import UsageError
 
     if Path(name).is_dir():
@@ -79,7 +78,7 @@ def init(
         recipe_file = resolve_recipe(from_recipe)
         if recipe_file is None:
             raise UsageError(f"--from {from_recipe}: no built-in recipe or config file of that name; "
-                             f"{did_you_mean(from_recipe, list_recipes(), noun='built-in recipes')}")
+                             f"{recipe_hint(from_recipe)}")
         recipe = str(recipe_file.relative_to(recipe_file.parents[1]).with_suffix("")).replace("\\", "/")
         base_import = ("from fastgen.configs.experiments." + recipe.replace("/", ".")
                        + " import create_config as base_create_config\n")

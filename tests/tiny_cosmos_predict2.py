@@ -63,13 +63,17 @@ def tiny_transformer(config: dict[str, Any], seed: int = 0) -> Any:
 def cosmos_predict2_pipeline(transformer: Any) -> Any:
     """``Cosmos2TextToImagePipeline`` around ``transformer`` (16-wide text) with the toy T5 and VAE and its
     scheduler as the released folders configure it (``FlowMatchEulerDiscreteScheduler`` on Karras sigmas; the
-    pipeline registers its EDM constants itself)."""
-    from diffusers import Cosmos2TextToImagePipeline, FlowMatchEulerDiscreteScheduler
+    pipeline registers its EDM constants itself); ``Cosmos2VideoToWorldPipeline`` for a transformer with a
+    condition-mask channel."""
+    import diffusers
+    from diffusers import FlowMatchEulerDiscreteScheduler
     from transformers import T5Config, T5EncoderModel
 
     t5 = T5EncoderModel(T5Config(vocab_size=30, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
                                  decoder_start_token_id=0)).eval()
-    return Cosmos2TextToImagePipeline(text_encoder=t5, tokenizer=t5_tokenizer(), transformer=transformer,
+    video_to_world = transformer.config.in_channels > transformer.config.out_channels
+    pipeline = diffusers.Cosmos2VideoToWorldPipeline if video_to_world else diffusers.Cosmos2TextToImagePipeline
+    return pipeline(text_encoder=t5, tokenizer=t5_tokenizer(), transformer=transformer,
                                       vae=cosmos3_vae(int(transformer.config.out_channels)),
                                       scheduler=FlowMatchEulerDiscreteScheduler(use_karras_sigmas=True),
                                       safety_checker=PassThroughSafetyChecker())

@@ -187,6 +187,14 @@ class BaseModelConfig(StrictConfig):
     modality_times: Literal["shared", "independent"] = "shared"
     # each modality's weight in the summed loss (a missing modality weighs 1)
     modality_loss_weights: Optional[dict[str, float]] = None
+    # each modality's classifier-free guidance scale where it differs from guidance_scale (a missing modality takes
+    # guidance_scale), wherever a multimodal model is guided: the teacher's score (DMD2), sampling (Heun, `sample
+    # --prompt`) and the diffusers export - e.g. LTX-2's pipeline guides video with 3, audio with {"audio": 7.0}
+    modality_guidance_scales: Optional[dict[str, float]] = None
+    # Video-to-world (fastgen.networks.conditioning_frames; SFT, DMD2): the first latent frames of every training video
+    # given clean to the network, which generates the rest (needs a network with a condition mask, e.g. Cosmos
+    # Predict2's Video2World); 0: every frame generated
+    conditioning_frames: int = 0
 
     @property
     def ema_names(self) -> list[str]:

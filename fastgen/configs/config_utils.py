@@ -62,6 +62,18 @@ def list_recipes() -> list[str]:
     )
 
 
+def recipe_hint(name: str) -> str:
+    """``did you mean ...?`` when a built-in recipe name is close to ``name``, else the recipe groups (the recipes
+    are too many to list in one line) with the quick-start recipe as the example of the name form."""
+    recipes = list_recipes()
+    near = did_you_mean(name, recipes, noun="built-in recipes")
+    if near.startswith("did you mean"):
+        return near
+    groups = sorted({recipe.split("/")[0] + "/" for recipe in recipes if "/" in recipe})
+    example = "Digits/config_sft_digits" if "Digits/config_sft_digits" in recipes else recipes[0]
+    return f"the {len(recipes)} built-in recipes are GROUP/config_NAME (e.g. {example}) in {', '.join(groups)}"
+
+
 def resolve_recipe(name: str) -> Path | None:
     """Map a recipe name (``Digits/config_sft_digits``, ``Digits.config_sft_digits`` or a unique
     ``config_sft_digits``) to its file, or ``None``."""
@@ -240,13 +252,12 @@ def load_config(spec: str | os.PathLike[str]) -> BaseConfig:
             return _config_from_python(recipe)
         hint = ""
         if path.suffix != ".py":
-            hint = "; " + did_you_mean(text, list_recipes(), noun="built-in recipes")
+            hint = "; " + recipe_hint(text)
         raise ConfigError(f"config file not found: {text}{hint}")
     recipe = resolve_recipe(text)
     if recipe is None:
         raise ConfigError(
-            f"no config file or built-in recipe named {text!r}; "
-            f"{did_you_mean(text, list_recipes(), noun='built-in recipes')}"
+            f"no config file or built-in recipe named {text!r}; {recipe_hint(text)}"
         )
     return _config_from_python(recipe)
 
@@ -496,7 +507,8 @@ def _check_url_values(node: Any, key: str = "") -> None:
 
 # the modules of diffusers-backed backbones (``fastgen.networks.diffusers_nets.BACKBONE_MODULES``)
 DIFFUSERS_BACKBONES = ("fastgen.networks.diffusers_nets.", "fastgen.networks.causal_wan.", "fastgen.networks.ltx2.",
-                       "fastgen.networks.cosmos3.", "fastgen.networks.cosmos_predict2.")
+                       "fastgen.networks.cosmos3.", "fastgen.networks.cosmos_predict2.",
+                       "fastgen.networks.cosmos_predict25.")
 
 
 def _check_pretrained_model_path(config: BaseConfig) -> None:

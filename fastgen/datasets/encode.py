@@ -22,7 +22,9 @@ the first (Wan's and CogVideoX's VAEs want ``4 k + 1``: CogVideoX-5b was trained
 * ``text.npy`` - float32: the network's ``condition`` (``Codec.condition``: the text embeddings; Flux's packs the
   pooled vector in row 0, SDXL's also its size-and-crop time ids; Wan's and Qwen-Image's are zero past the
   prompt's own tokens); extras by family: ``pooled.npy`` (Flux, SDXL), ``time_ids.npy`` (SDXL: original height,
-  width, crop top, left, target height, width), ``text_mask.npy`` (Wan, Qwen-Image; int64);
+  width, crop top, left, target height, width), ``text_mask.npy`` (Wan, Qwen-Image; int64). Not written for a
+  family whose codec has ``text_in_shards = False`` (Cosmos Predict 2.5: 512 x 100,352 values a caption), nor its
+  ``empty_prompt.npz``: its recipes encode the captions (``txt``) on the fly (``model.encode_batches``);
 * ``txt`` - the caption; ``json`` - ``{"source", "size": [w, h], "crop": [left, top, side]}`` (videos also
   ``"frames": [first, stride, count]`` and ``"fps"``).
 
@@ -287,11 +289,13 @@ def encode_shard(codec: Any, sources: list[Source], path: Path, resolution: int,
             shape_seen = shape_seen or list(latents.shape[1:])
             if hasattr(codec, "fit_latent_shape"):  # Cosmos 3: the templates name the frame count and resolution
                 codec.fit_latent_shape(list(latents.shape[1:]))
-            encoded = codec.encode_prompts([b[2] for b in batch])
-            if hasattr(codec, "time_ids"):  # SDXL: each image's size and crop (micro-conditioning)
+            # a family whose condition is too wide to store (Cosmos Predict 2.5) writes latents and captions only
+            text_in_shards = getattr(codec, "text_in_shards", True)
+            encoded = codec.encode_prompts([b[2] for b in batch]) if text_in_shards else {}
+            if hasattr(codec, "time_ids") and text_in_shards:  # SDXL: each image's size and crop (micro-conditioning)
                 encoded["time_ids"] = torch.tensor([codec.time_ids(b[3]["size"], b[3]["crop"], resolution)
                                                     for b in batch])
-            texts = _fields(codec, encoded)
+            texts = _fields(codec, encoded) if text_in_shards else {}
             for row, (source, _, caption, meta) in enumerate(batch):
                 key = source.member_key
                 _add(tar, f"{key}.latent.npy", _npy(latents[row]))
@@ -428,10 +432,12 @@ def write_index(codec: Any, dst: Path | Destination, weights: Path, resolution: 
     latent_shape = next((shape for shape in shapes if shape), None)
     if latent_shape is None and where.s3 is None:  # sidecars of an earlier version: read a tar
         latent_shape = _first_latent_shape(where.local, shards)
-    empty = _fields(codec, codec.encode_prompts([""]))
-    with atomic_open(where.local / "empty_prompt.npz", "wb") as handle:
-        np.savez(handle, **{name: values[0] for name, values in empty.items()})
-    where.publish("empty_prompt.npz")
+    empty: dict[str, np.ndarray] = {}
+    if getattr(codec, "text_in_shards", True):  # else the shards hold no text condition (Cosmos Predict 2.5)
+        empty = _fields(codec, codec.encode_prompts([""]))
+        with atomic_open(where.local / "empty_prompt.npz", "wb") as handle:
+            np.savez(handle, **{name: values[0] for name, values in empty.items()})
+        where.publish("empty_prompt.npz")
     vae = codec.vae.config
     normalisation = {key: vae[key] for key in ("scaling_factor", "shift_factor", "latents_mean", "latents_std")
                      if key in vae and vae[key] is not None}

@@ -24,6 +24,8 @@ What it adds to ``FastGenModel``:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -158,27 +160,62 @@ class DistillationModel(FastGenModel):
     # ---- the teacher ------------------------------------------------------------------------------------------
     def teacher_x0(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,
                    guidance_scale: float | None = None) -> torch.Tensor:
-        """The teacher's ``x0`` estimate, with classifier-free guidance when ``guidance_scale`` is set."""
+        """The teacher's ``x0`` estimate, with classifier-free guidance when ``guidance_scale`` is set (a
+        multimodal sample: each modality with its own scale, ``model.modality_guidance_scales``)."""
         scale = self.config.guidance_scale if guidance_scale is None else guidance_scale
-        if scale is None or condition is None or self.num_classes <= 0:
-            return self.teacher(x_t, t, condition=condition, fwd_pred_type="x0")
-        if is_multimodal(x_t):  # each modality guided linearly with the one scale, in two passes
+        teacher = self.with_frames(self.teacher)
+        if is_multimodal(x_t):  # each modality guided linearly with its scale, in two passes
+            from fastgen.methods.multimodal import guidance_scales, guide
+
+            scales = guidance_scales(self.config, x_t, scale)
+            if scales is None or condition is None or self.num_classes <= 0:
+                return teacher(x_t, t, condition=condition, fwd_pred_type="x0")
             cond = as_one_hot(condition, self.num_classes).to(first_tensor(x_t).dtype)
-            c = self.teacher(x_t, t, condition=cond, fwd_pred_type="x0")
-            u = self.teacher(x_t, t, condition=torch.zeros_like(cond), fwd_pred_type="x0")
-            return per_modality(lambda c_m, u_m: u_m + scale * (c_m - u_m), c, u)
+            c = teacher(x_t, t, condition=cond, fwd_pred_type="x0")
+            u = teacher(x_t, t, condition=torch.zeros_like(cond), fwd_pred_type="x0")
+            return guide(c, u, scales)
+        if scale is None or condition is None or self.num_classes <= 0:
+            return teacher(x_t, t, condition=condition, fwd_pred_type="x0")
         cond = as_one_hot(condition, self.num_classes).to(x_t.dtype)
         # a backbone whose guidance is not linear in the prediction (Qwen-Image's norm-rescaled true CFG) guides its
         # native prediction by its own rule, as its pipeline does; linear guidance is the same on any prediction
-        backbone = getattr(self.teacher, "backbone", None)
+        backbone = getattr(teacher, "backbone", None)
         native = not getattr(backbone, "linear_guidance", True)
-        kind = self.teacher.native_pred_type if native else "x0"
-        both = self.teacher(torch.cat([x_t, x_t]), torch.cat([t, t]),
+        kind = teacher.native_pred_type if native else "x0"
+        both = teacher(torch.cat([x_t, x_t]), torch.cat([t, t]),
                             condition=torch.cat([cond, torch.zeros_like(cond)]), fwd_pred_type=kind)
         c, u = both.chunk(2)
         if native:
-            return self.teacher.noise_scheduler.convert(backbone.guide(c, u, scale), x_t, t, kind, "x0")
+            return teacher.noise_scheduler.convert(backbone.guide(c, u, scale), x_t, t, kind, "x0")
         return u + scale * (c - u)
+
+    def with_frames(self, net: Any) -> Any:
+        """``net`` given the step's video-to-world frames (``given_frames``: DMD2 with ``model.conditioning_frames``,
+        ``fastgen.networks.conditioning_frames.WithConditioningFrames``), or ``net`` itself outside such a step."""
+        given = self.__dict__.get("_given_frames")
+        if given is None:
+            return net
+        from fastgen.networks.conditioning_frames import WithConditioningFrames
+
+        return WithConditioningFrames(net, given[1], clean=given[0])
+
+    def frames_given_now(self) -> int:
+        """How many leading latent frames the current step gives its networks (0 outside ``given_frames``)."""
+        given = self.__dict__.get("_given_frames")
+        return 0 if given is None else given[1]
+
+    @contextlib.contextmanager
+    def given_frames(self, clean: torch.Tensor | None, frames: int) -> Iterator[None]:
+        """Within it, ``with_frames`` gives networks the first ``frames`` latent frames of ``clean`` (the step's
+        data) clean; ``frames = 0``: nothing changes."""
+        if not frames or clean is None:
+            yield
+            return
+        self.__dict__["_given_frames"] = (clean, int(frames))
+        try:
+            yield
+        finally:
+            self.__dict__.pop("_given_frames", None)
 
     # ---- noise levels -----------------------------------------------------------------------------------------
     def sample_noise_levels(self, batch: int, device: torch.device | str, dist: str = "sampling",

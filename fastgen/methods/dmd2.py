@@ -65,6 +65,7 @@ from torch import nn
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.distill import DistillationModel
 from fastgen.methods.multimodal import check_modalities, combine_losses, training_times, vsd_times
+from fastgen.networks.conditioning_frames import generated_frames_mean
 from fastgen.networks.discriminator import (FeatureDiscriminator, default_feature_indices, head_features,
                                             minibatch_groups, per_group, probe_feature_shapes)
 from fastgen.networks.modalities import batch_size, first_tensor, is_multimodal, per_modality
@@ -107,6 +108,8 @@ def denoising_gap(x: torch.Tensor, d_real: torch.Tensor) -> torch.Tensor:
 
 class DMD2Model(DistillationModel):
     supports_modalities = True  # the distribution-matching loss per modality (fastgen.methods.multimodal)
+    # video-to-world (model.conditioning_frames): student, teacher and fake score are given the data's first frames
+    supports_conditioning_frames = True
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -136,6 +139,13 @@ class DMD2Model(DistillationModel):
             if unsupported:
                 raise ConfigError(f"multimodal DMD2 (model.modality_shapes) has the distribution-matching loss only; "
                                   f"unset model.{', model.'.join(unsupported)}")
+        self.given_frame_count = int(getattr(config, "conditioning_frames", 0) or 0)
+        if self.given_frame_count:
+            unsupported = [name for name, on in (("gan_loss_weight_gen", self.use_gan),
+                                                 ("regression_loss_weight", config.regression_loss_weight > 0)) if on]
+            if unsupported:
+                raise ConfigError(f"video-to-world DMD2 (model.conditioning_frames) has the distribution-matching "
+                                  f"loss only; unset model.{', model.'.join(unsupported)}")
         if config.regression_loss_weight > 0 and config.regression_num_pairs < 1:
             raise ConfigError("model.regression_num_pairs must be >= 1 when model.regression_loss_weight > 0")
         self._pairs: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
@@ -185,17 +195,18 @@ class DMD2Model(DistillationModel):
         """``G(z)`` with gradients through the last student evaluation only (backward simulation for k > 1).
         ``real`` is the step's data batch, for methods whose student starts from noised data (CausVid)."""
         times = self.student_times()
+        net = self.with_frames(self.net)  # video-to-world: the given frames in every state the student sees
         if len(times) == 1:
-            return self.generate(self.net, noise, condition, times)
+            return self.generate(net, noise, condition, times)
         k = int(self.rng.shared.randint(len(times), ()).item())  # one choice per step, the same on every rank
         if k == 0:
-            return self.generate(self.net, noise, condition, times[:1])
+            return self.generate(net, noise, condition, times[:1])
         with torch.no_grad():
-            x0 = self.generate(self.net, noise, condition, times[:k], generator=self.rng)
+            x0 = self.generate(net, noise, condition, times[:k], generator=self.rng)
             like = first_tensor(noise)
             t_k = torch.full((batch_size(noise),), times[k], device=like.device, dtype=like.dtype)
             x_t = per_modality(lambda x: self.noise_scheduler.add_noise(x, self.rng.randn_like(x), t_k), x0)
-        return self.net(x_t, t_k, condition=condition, fwd_pred_type="x0")
+        return net(x_t, t_k, condition=condition, fwd_pred_type="x0")
 
     def sample_vsd_t(self, batch: int, device: torch.device) -> torch.Tensor:
         """Noise levels for the distribution-matching gradient (``vsd_t_dist``, clamped to ``vsd_t_min/max``)."""
@@ -280,9 +291,10 @@ class DMD2Model(DistillationModel):
             if self.is_student_iteration(iteration):
                 return self.multimodal_student_step(condition, noise)
             return self.multimodal_critic_step(condition, noise)
-        if self.is_student_iteration(iteration):
-            return self.student_step(real, condition, noise)
-        return self.critic_step(real, condition, noise)
+        with self.given_frames(real, self.given_frame_count):  # video-to-world: the data's first frames are given
+            if self.is_student_iteration(iteration):
+                return self.student_step(real, condition, noise)
+            return self.critic_step(real, condition, noise)
 
     def noised_draws(self, x: torch.Tensor, condition: torch.Tensor | None
                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
@@ -303,8 +315,10 @@ class DMD2Model(DistillationModel):
         x_rep, cond_rep, t, x_t = self.noised_draws(x.detach(), condition)
         with torch.no_grad():
             d_real = self.teacher_x0(x_t, t, cond_rep)
-            d_fake = self.fake_score(x_t, t, condition=cond_rep, fwd_pred_type="x0")
-            normaliser = denoising_gap(x_rep, d_real)
+            d_fake = self.with_frames(self.fake_score)(x_t, t, condition=cond_rep, fwd_pred_type="x0")
+            # the gap over the generated frames (the given ones are the data in x, D_real and D_fake alike)
+            given = self.frames_given_now()
+            normaliser = denoising_gap(x_rep[:, :, given:], d_real[:, :, given:]) if given else denoising_gap(x_rep, d_real)
             weight = self.vsd_weight(x_rep, x_t, t, d_real, d_fake, cond_rep) / normaliser
             grad = torch.nan_to_num((d_fake - d_real).float() * weight.view(-1, *([1] * (x.dim() - 1))))
             grad = grad.view(self.config.vsd_num_noise, *x.shape).mean(dim=0)
@@ -388,8 +402,9 @@ class DMD2Model(DistillationModel):
         if shared:  # one pass gives the denoiser output and the head's features
             pred, features = self.fake_score(x_t, t, condition=condition, feature_indices=self.feature_indices)
         else:
-            pred = self.fake_score(x_t, t, condition=condition)
-        per_sample = (pred.float() - scheduler.target(x, eps, t).float()).square().flatten(1).mean(dim=1)
+            pred = self.with_frames(self.fake_score)(x_t, t, condition=condition)
+        given = self.frames_given_now()
+        per_sample = generated_frames_mean((pred.float() - scheduler.target(x, eps, t).float()).square(), given)
         if self.config.fake_score_loss_weighting == "schedule":
             per_sample = scheduler.loss_weight(t.float()) * per_sample
         fake_loss = per_sample.mean()

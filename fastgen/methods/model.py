@@ -83,8 +83,36 @@ class FastGenModel(nn.Module):
 
             raise ConfigError(f"model.modality_shapes: {type(self).__name__} trains samples of one modality; the "
                               "multimodal methods are SFT and DMD2")
+        if getattr(config, "modality_guidance_scales", None) and not getattr(config, "modality_shapes", None):
+            from fastgen.utils.errors import ConfigError
+
+            raise ConfigError("model.modality_guidance_scales: the model samples one modality (no "
+                              "model.modality_shapes); its guidance is model.guidance_scale")
+        self._check_conditioning_frames(config)
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.schedulers: dict[str, Any] = {}
+
+    #: whether the method trains video-to-world (``model.conditioning_frames``); declared by each class itself
+    supports_conditioning_frames: bool = False
+
+    def _check_conditioning_frames(self, config: Any) -> None:
+        """``model.conditioning_frames`` in one line when the method, the network or the sample shape cannot
+        take it (``fastgen.networks.conditioning_frames``)."""
+        frames = int(getattr(config, "conditioning_frames", 0) or 0)
+        if not frames:
+            return
+        from fastgen.utils.errors import ConfigError
+
+        if not type(self).__dict__.get("supports_conditioning_frames", False):
+            raise ConfigError(f"model.conditioning_frames: {type(self).__name__} generates every frame; "
+                              "video-to-world training is SFT's and DMD2's")
+        shape = list(config.input_shape)
+        if frames < 0 or len(shape) != 4 or frames >= shape[1]:
+            raise ConfigError(f"model.conditioning_frames={frames} needs a video input_shape [C, F, H, W] with more "
+                              f"than {frames} latent frames; got {shape}")
+        if not getattr(getattr(self.net, "backbone", None), "takes_conditioning_frames", False):
+            raise ConfigError("model.conditioning_frames: the network reads no condition mask (a video-to-world "
+                              "model such as Cosmos Predict2's Video2World, in_channels = out_channels + 1, does)")
 
     def adapt_net(self, net: nn.Module) -> None:
         """A method's change to the trained network's architecture (PDD widens its output projection), made in
@@ -279,7 +307,7 @@ class FastGenModel(nn.Module):
         rank encodes its own batch in every step, so the gathers line up)."""
         codec = self.__dict__.get("_codec")
         if codec is None:
-            from fastgen.networks.codecs import load_codec
+            from fastgen.networks.codecs import codec_options, load_codec
 
             path = getattr(self.config, "pretrained_model_path", None)
             if not path:
@@ -288,7 +316,7 @@ class FastGenModel(nn.Module):
                 raise ConfigError("model.encode_batches needs model.pretrained_model_path: the diffusers pipeline "
                                   "folder whose VAE and text encoders encode the batches")
             device = next(self.net.parameters()).device
-            codec = load_codec(path, dtype=self.precision).to(device)
+            codec = load_codec(path, dtype=self.precision, **codec_options(self.net)).to(device)
             shard = self.__dict__.get("_shard_frozen")  # set by fastgen.distributed.parallelize under FSDP
             if shard is not None:
                 for encoder in codec.encoders.values():
@@ -312,16 +340,22 @@ class FastGenModel(nn.Module):
 
     def flow_fn(self, net: nn.Module, condition: torch.Tensor | None, guidance_scale: float | None = None):
         """``(x, t) -> dx/dt``, with classifier-free guidance ``u + s (c - u)`` (Ho & Salimans 2022, Eq. 6)
-        when ``guidance_scale`` is set and the model is conditional."""
+        when ``guidance_scale`` is set and the model is conditional; a multimodal sample's modalities each with
+        their own scale (``model.modality_guidance_scales``, else ``guidance_scale``: ``methods.multimodal``)."""
 
         def flow(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            if guidance_scale is None or condition is None:
+            if is_multimodal(x) and condition is not None:
+                from fastgen.methods.multimodal import guidance_scales, guide
+
+                scales = guidance_scales(self.config, x, guidance_scale)
+                if scales is not None:
+                    cond = as_one_hot(condition, self.num_classes)
+                    c = net(x, t, condition=cond, fwd_pred_type="flow")
+                    u = net(x, t, condition=torch.zeros_like(cond), fwd_pred_type="flow")
+                    return guide(c, u, scales)
+            if guidance_scale is None or condition is None or is_multimodal(x):
                 return net(x, t, condition=condition, fwd_pred_type="flow")
             cond = as_one_hot(condition, self.num_classes)
-            if is_multimodal(x):  # every modality guided with the same scale (Ho & Salimans 2022, Eq. 6)
-                c = net(x, t, condition=cond, fwd_pred_type="flow")
-                u = net(x, t, condition=torch.zeros_like(cond), fwd_pred_type="flow")
-                return per_modality(lambda c_m, u_m: u_m + guidance_scale * (c_m - u_m), c, u)
             both = net(torch.cat([x, x]), torch.cat([t, t]), condition=torch.cat([cond, torch.zeros_like(cond)]), fwd_pred_type="flow")
             c, u = both.chunk(2)
             return u + guidance_scale * (c - u)

@@ -13,10 +13,15 @@ each modality's training time is drawn and how the per-modality losses become on
   modality in one pass each, and each modality's distribution-matching gradient is normalised by its own
   ``mean |x_m - D_real,m|`` (DMD Eq. 7-8): the modalities' scales differ, and one normaliser would let the larger
   one set the other's step. The fake score learns every modality of the student's samples with the denoising loss.
+* ``guidance_scales`` / ``guide``: classifier-free guidance ``u_m + s_m (c_m - u_m)`` (Ho & Salimans 2022, Eq. 6)
+  per modality, ``s_m`` from ``model.modality_guidance_scales[m]`` or else ``model.guidance_scale``: joint models
+  guide their streams differently (``LTX2Pipeline`` guides video with 3 and audio with 7 by default), and a teacher
+  guided with one scale would bake the wrong audio guidance into a student.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -35,10 +40,11 @@ def check_modalities(config: Any, sample: dict[str, torch.Tensor]) -> None:
         if list(x.shape[1:]) != list(shapes[name]):
             raise ConfigError(f"modality {name!r} has samples of shape {list(x.shape[1:])}, model.modality_shapes "
                               f"says {list(shapes[name])}")
-    unknown = set(getattr(config, "modality_loss_weights", None) or {}) - set(shapes)
-    if unknown:
-        raise ConfigError(f"model.modality_loss_weights names {sorted(unknown)}, not modalities of model.modality_shapes "
-                          f"({sorted(shapes)})")
+    for field in ("modality_loss_weights", "modality_guidance_scales"):
+        unknown = set(getattr(config, field, None) or {}) - set(shapes)
+        if unknown:
+            raise ConfigError(f"model.{field} names {sorted(unknown)}, not modalities of model.modality_shapes "
+                              f"({sorted(shapes)})")
 
 
 def training_times(model: Any, sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -71,4 +77,27 @@ def vsd_times(model: Any, sample: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return {name: model.sample_vsd_t(batch, device) for name in sample}
 
 
-__all__ = ["check_modalities", "combine_losses", "training_times", "vsd_times"]
+def guidance_scales(config: Any, names: Iterable[str], base: float | None) -> dict[str, float] | None:
+    """Each of the modalities ``names``' guidance scale: ``model.modality_guidance_scales[m]``, else ``base`` (the
+    run's ``guidance_scale`` or a caller's override; ``None``: unguided, scale 1). ``None`` when nothing is guided
+    (no base and no per-modality scale), so callers keep their single unguided pass. A per-modality scale that names
+    no modality of the sample is a ``ConfigError``: it would silently guide nothing."""
+    names = list(names)
+    own = {str(k): float(v) for k, v in (getattr(config, "modality_guidance_scales", None) or {}).items()}
+    unknown = set(own) - set(names)
+    if unknown:
+        raise ConfigError(f"model.modality_guidance_scales names {sorted(unknown)}, not modalities of the samples "
+                          f"({sorted(names)})")
+    if base is None and not own:
+        return None
+    fallback = 1.0 if base is None else float(base)
+    return {name: own.get(name, fallback) for name in names}
+
+
+def guide(c: dict[str, torch.Tensor], u: dict[str, torch.Tensor], scales: Mapping[str, float]) -> dict[str, torch.Tensor]:
+    """``u_m + s_m (c_m - u_m)`` per modality (Ho & Salimans 2022, Eq. 6), linear in the prediction - so the same on
+    the denoised estimate, the noise or the velocity (what the pipelines guide)."""
+    return {name: u[name] + float(scales[name]) * (c[name] - u[name]) for name in c}
+
+
+__all__ = ["check_modalities", "combine_losses", "guidance_scales", "guide", "training_times", "vsd_times"]

@@ -11,6 +11,10 @@ The loss is the weighted regression of the network's native prediction onto its 
 Class labels are dropped (replaced by the all-zero label) with probability ``condition_dropout`` so that the
 same network also learns the unconditional model that classifier-free guidance needs (Ho & Salimans 2022).
 
+Video-to-world (``model.conditioning_frames = k``, ``fastgen.networks.conditioning_frames``): the first ``k`` latent
+frames of the noised video are the data's clean frames, the network is told so, and the loss averages over the
+other frames only.
+
 Multimodal samples (``model.modality_shapes``, a dict of modalities in ``real``): every modality is noised at its
 training time (shared or per modality, ``fastgen.methods.multimodal.training_times``) with its own noise, the
 network predicts all of them in one pass, and the loss is the weighted sum of the modalities' losses above.
@@ -24,12 +28,14 @@ import torch
 
 from fastgen.methods.model import FastGenModel
 from fastgen.methods.multimodal import check_modalities, combine_losses, training_times
+from fastgen.networks.conditioning_frames import generated_frames_mean, with_given_frames
 from fastgen.networks.layers import as_one_hot
 from fastgen.networks.modalities import is_multimodal, per_modality
 
 
 class SFTModel(FastGenModel):
     supports_modalities = True
+    supports_conditioning_frames = True
 
     def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         x0 = per_modality(lambda x: x.to(self.precision), data["real"])
@@ -48,9 +54,14 @@ class SFTModel(FastGenModel):
         t = scheduler.sample_t(x0.shape[0], device=x0.device, generator=rng).to(x0.dtype)
         eps = rng.randn_like(x0)
         x_t = scheduler.add_noise(x0, eps, t)
-        pred = self.net(x_t, t, condition=condition)
+        given = int(getattr(self.config, "conditioning_frames", 0) or 0)
+        if given:
+            x_t = with_given_frames(x_t, x0, given)
+            pred = self.net(x_t, t, condition=condition, conditioning_frames=given)
+        else:
+            pred = self.net(x_t, t, condition=condition)
         target = scheduler.target(x0, eps, t)
-        per_sample = (pred.float() - target.float()).square().flatten(1).mean(dim=1)
+        per_sample = generated_frames_mean((pred.float() - target.float()).square(), given)
         loss = (scheduler.loss_weight(t.float()) * per_sample).mean()
         return {"total_loss": loss, "denoising_loss": loss.detach()}, {"x_t": x_t, "pred": pred, "t": t}
 

@@ -24,6 +24,8 @@ distilled student is only usable in the family's pipeline if fastgen does both e
   of the prompt padded to ``max_sequence_length`` (226), without an attention mask.
 * **Cosmos Predict2** (``Cosmos2TextToImagePipeline`` / ``Cosmos2VideoToWorldPipeline``): Wan's VAE and
   normalisation, T5's states as Wan's umT5 ones but of the prompt uncleaned; images ``(B, C, H, W)``.
+* **Cosmos Predict 2.5** (``Cosmos2_5_PredictBasePipeline``): ``fastgen.networks.cosmos_predict25_codec``
+  (``LAZY_CODECS``) - Wan's VAE, Qwen2.5-VL's normalised hidden states of every layer concatenated.
 * **LTX-2** (``LTX2Pipeline``, video with sound): ``fastgen.networks.ltx2_codec`` (``LAZY_CODECS``: its module imports
   this one) - the video and audio VAEs, the vocoder, Gemma-3 through the text connectors.
 
@@ -99,6 +101,9 @@ class Codec(nn.Module):
     family: ClassVar[str] = ""
     video: ClassVar[bool] = False  # whether it encodes videos (encode-data reads video inputs for it)
     components: ClassVar[tuple[str, ...]] = ()  # pipeline components besides the VAE, in encoding order
+    #: whether ``fastgen encode-data`` writes the text condition into its shards (Cosmos Predict 2.5's is 100,352
+    #: wide, about 100 MB a caption: its shards hold latents and captions, encoded on the fly when training)
+    text_in_shards: ClassVar[bool] = True
 
     def __init__(self, vae: nn.Module, **parts: Any) -> None:
         super().__init__()
@@ -450,9 +455,10 @@ CODECS: dict[str, type[Codec]] = {cls.family: cls for cls in (SDCodec, SDXLCodec
 _BY_PIPELINE = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl", "FluxPipeline": "flux",
                 "WanPipeline": "wan", "QwenImagePipeline": "qwenimage", "CogVideoXPipeline": "cogvideox",
                 "LTX2Pipeline": "ltx2", "Cosmos3OmniPipeline": "cosmos3", "Cosmos2TextToImagePipeline": "cosmos2",
-                "Cosmos2VideoToWorldPipeline": "cosmos2"}
+                "Cosmos2VideoToWorldPipeline": "cosmos2", "Cosmos2_5_PredictBasePipeline": "cosmos25"}
 #: codecs in modules of their own, which import this one (so they are looked up by name when used): family -> class
-LAZY_CODECS = {"ltx2": "fastgen.networks.ltx2_codec.LTX2Codec", "cosmos3": "fastgen.networks.cosmos3_codec.Cosmos3Codec"}
+LAZY_CODECS = {"ltx2": "fastgen.networks.ltx2_codec.LTX2Codec", "cosmos3": "fastgen.networks.cosmos3_codec.Cosmos3Codec",
+               "cosmos25": "fastgen.networks.cosmos_predict25_codec.CosmosPredict25Codec"}
 
 
 def codec_class(family: str) -> type[Codec]:
@@ -482,6 +488,13 @@ def codec_family(folder: str | Path, family: str | None = None) -> str:
     return family
 
 
+def codec_options(net: Any) -> dict[str, Any]:
+    """What a network asks of the codec that feeds it (its backbone's ``codec_options()``; Cosmos Predict2: the
+    prompt length it pads to, which the text encoder must encode to), for ``load_codec``."""
+    options = getattr(getattr(net, "backbone", None), "codec_options", None)
+    return dict(options()) if callable(options) else {}
+
+
 def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype = torch.float32, text: bool = True,
                **kwargs: Any) -> Codec:
     """The codec of the diffusers pipeline folder ``folder`` (``codec_family``), frozen, at ``dtype``; ``text=False``
@@ -497,6 +510,7 @@ def load_codec(folder: str | Path, family: str | None = None, dtype: torch.dtype
 __all__ = [
     "CODECS",
     "Codec",
+    "codec_options",
     "CogVideoXCodec",
     "CosmosPredict2Codec",
     "FluxCodec",

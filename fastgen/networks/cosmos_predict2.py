@@ -27,9 +27,10 @@ the blocks, the output norm and projection, the unpatchify): the same computatio
   attention's normaliser), so the wrapper zero-pads a shorter condition to ``text_tokens`` (the pipelines'
   ``max_sequence_length``): a prompt bank cut short, or the null condition, gives the pipeline's output. The null
   condition is 512 zero rows.
-* The condition mask of a video-to-world model is zeros (every frame generated): fastgen samples and trains the
-  text-to-world path. The pipeline's video-to-world conditioning (clean latent frames at the conditioning time
-  ``sigma = 1e-4``, the mask 1 on them, their output replaced by the clean latents) is not offered.
+* ``conditioning_frames`` (video-to-world models): the first latent frames of ``x`` are the clean latents of the
+  conditioning image or clip, at ``conditioning_time`` (the pipeline's ``sigma_conditioning``, 1e-4, which is
+  ``EDMFlowScheduler``'s time) - ``fastgen.networks.conditioning_frames``; the condition mask is 1 on them and 0
+  elsewhere. Without conditioning frames a video-to-world model generates every frame (an all-zero mask).
 
 Guidance is linear: the pipelines' ``x_c + g (x_c - x_u)`` on the denoised estimates is fastgen's ``u + s (c - u)``
 with ``s = g + 1``. Feature taps: the chosen blocks' tokens as ``(B, D, F h, w)`` maps. Shard units (FSDP2,
@@ -58,25 +59,47 @@ class CosmosPredict2Transformer(DiffusersBackbone):
     weights_subfolder = "transformer"
     text_dim_key = "text_embed_dim"
 
-    def __init__(self, config: dict[str, Any], fps: float = 16.0, text_tokens: int = 512,
-                 prompt_embeddings: str | None = None, num_prompts: int = 0, prompt_tokens: int | None = None) -> None:
-        if config.get("img_context_dim_in"):
-            raise ConfigError("CosmosPredict2Transformer: img_context_dim_in (Cosmos Transfer's image context) is not "
-                              "supported")
-        if config.get("use_crossattn_projection"):
-            raise ConfigError("CosmosPredict2Transformer: use_crossattn_projection (Cosmos Predict 2.5's Qwen2.5-VL "
-                              "text) is not supported")
-        patch = list(config.get("patch_size", (1, 2, 2)))
-        if patch[0] != 1:
-            raise ConfigError(f"CosmosPredict2Transformer: patch_size {patch}: temporal patches are not supported")
-        extra = int(config.get("in_channels", 16)) - int(config.get("out_channels", 16))
-        if extra not in (0, 1):
-            raise ConfigError(f"CosmosPredict2Transformer: in_channels - out_channels = {extra}; Predict2's models "
-                              "read the latents (text-to-image) or the latents and a condition mask (video-to-world)")
+    def __init__(self, config: dict[str, Any], fps: float | None = 16.0, text_tokens: int = 512,
+                 prompt_embeddings: str | None = None, num_prompts: int = 0, prompt_tokens: int | None = None,
+                 conditioning_time: float = 1e-4) -> None:
+        extra = self._check_config(config)
         super().__init__(config, prompt_embeddings, num_prompts, text_tokens if prompt_tokens is None else prompt_tokens)
-        self.fps = float(fps)
+        self.fps = None if fps is None else float(fps)  # None: the rotary frame axis unscaled (Predict 2.5's call)
         self.text_tokens = int(text_tokens)
         self.condition_channels = extra
+        self.conditioning_time = float(conditioning_time)
+
+    @classmethod
+    def _check_config(cls, config: dict[str, Any]) -> int:
+        """One-line ConfigErrors for what this wrapper does not run; returns the extra input channels (0, or 1 for
+        the condition mask)."""
+        name = cls.__name__
+        if config.get("img_context_dim_in"):
+            raise ConfigError(f"{name}: img_context_dim_in (Cosmos Transfer's image context) is not supported")
+        if config.get("use_crossattn_projection"):
+            raise ConfigError(f"{name}: use_crossattn_projection (Cosmos Predict 2.5's Qwen2.5-VL text) is "
+                              "CosmosPredict25Transformer's (fastgen.networks.cosmos_predict25)")
+        patch = list(config.get("patch_size", (1, 2, 2)))
+        if patch[0] != 1:
+            raise ConfigError(f"{name}: patch_size {patch}: temporal patches are not supported")
+        extra = int(config.get("in_channels", 16)) - int(config.get("out_channels", 16))
+        if extra not in (0, 1):
+            raise ConfigError(f"{name}: in_channels - out_channels = {extra}; Predict2's models "
+                              "read the latents (text-to-image) or the latents and a condition mask (video-to-world)")
+        return extra
+
+    def _context(self, text: torch.Tensor) -> torch.Tensor:
+        """The cross-attention context of the ``(B, T, D)`` text rows: the rows themselves (Predict 2.5 projects)."""
+        return text
+
+    def codec_options(self) -> dict[str, Any]:
+        """The prompt length the codec encodes to: the ``text_tokens`` this network pads every condition to."""
+        return {"max_sequence_length": self.text_tokens}
+
+    @property
+    def takes_conditioning_frames(self) -> bool:
+        """Whether the model reads a condition mask (the video-to-world models: ``in_channels = out_channels + 1``)."""
+        return self.condition_channels == 1
 
     # ---- the contract ---------------------------------------------------------------------------------------
     def shard_units(self) -> list[nn.Module]:
@@ -112,7 +135,8 @@ class CosmosPredict2Transformer(DiffusersBackbone):
         return tuple(e.view(tokens.shape[0], frames, 1, 1, -1).expand(-1, -1, rows, cols, -1).flatten(1, 3)
                      for e in (temb, embedded))  # type: ignore[return-value]
 
-    def _call(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    def _call(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor,
+              conditioning_frames: int = 0) -> torch.Tensor:
         model = self.model
         config = model.config
         video = x if x.dim() == 5 else x.unsqueeze(2)
@@ -123,15 +147,18 @@ class CosmosPredict2Transformer(DiffusersBackbone):
                              f"{height}x{width}")
         if channels != config.out_channels:
             raise ValueError(f"CosmosPredict2Transformer takes {config.out_channels}-channel latents; got {channels}")
-        # the condition mask (video-to-world models: no frame given clean) and the pipelines' zero padding mask
-        zeros = video.new_zeros(b, self.condition_channels + int(bool(config.concat_padding_mask)), frames, height,
+        # the condition mask (video-to-world models: 1 on the frames given clean) and the pipelines' zero padding mask
+        masks = video.new_zeros(b, self.condition_channels + int(bool(config.concat_padding_mask)), frames, height,
                                 width)
-        hidden = torch.cat([video, zeros], dim=1)
+        if conditioning_frames:
+            masks[:, 0, :conditioning_frames] = 1.0
+        hidden = torch.cat([video, masks], dim=1)
         rotary = model.rope(hidden, fps=self.fps if x.dim() == 5 else None)
         positions = model.learnable_pos_embed(hidden) if config.extra_pos_embed_type else None
         grid = (frames, height // p_h, width // p_w)
         tokens = model.patch_embed(hidden).flatten(1, 3)
         temb, embedded = self._time_embeddings(tokens, c_noise.to(video.dtype), grid)
+        text = self._context(text)
         for block in model.transformer_blocks:
             tokens = block(tokens, text, embedded, temb, rotary, positions, None)
         out = model.proj_out(model.norm_out(tokens, embedded, temb))

@@ -147,7 +147,7 @@ def folder_architecture(path: str, subfolder: str) -> dict[str, Any] | None:
 
 #: the modules whose backbones wrap diffusers models (``fastgen.networks.causal_wan``: the block-causal Wan)
 BACKBONE_MODULES = (__name__, "fastgen.networks.causal_wan", "fastgen.networks.ltx2", "fastgen.networks.cosmos3",
-                    "fastgen.networks.cosmos_predict2")
+                    "fastgen.networks.cosmos_predict2", "fastgen.networks.cosmos_predict25")
 
 
 def diffusers_backbone_class(network: Any) -> type[DiffusersBackbone] | None:
@@ -283,7 +283,9 @@ class DiffusersBackbone(nn.Module):
 
     def forward(self, x: torch.Tensor, c_noise: torch.Tensor, condition: torch.Tensor | None = None,
                 r_noise: torch.Tensor | None = None, feature_indices: list[int] | None = None,
-                return_logvar: bool = False) -> Any:
+                return_logvar: bool = False, conditioning_frames: int = 0) -> Any:
+        """``conditioning_frames``: the video's first frames are given clean (``fastgen.networks.conditioning_frames``;
+        only backbones with ``takes_conditioning_frames`` are asked)."""
         if return_logvar:
             raise ValueError(f"{type(self).__name__} does not predict a log-variance (model.net is diffusers-backed)")
         if r_noise is not None:
@@ -303,7 +305,8 @@ class DiffusersBackbone(nn.Module):
         try:
             like = first_tensor(x)  # a multimodal backbone (LTX-2) takes a dict of modalities
             text = self.text_embeddings(condition, batch_size(x), like.dtype, like.device)
-            out = self._call(x, c_noise, text)
+            out = self._call(x, c_noise, text, **({"conditioning_frames": conditioning_frames}
+                                                  if conditioning_frames else {}))
         finally:
             for handle in handles:
                 handle.remove()

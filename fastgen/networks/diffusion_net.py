@@ -12,6 +12,11 @@ the backbone provides one. A backbone whose output projection was widened into `
 ``fastgen.networks.heads``) returns ``k`` times the channels; the forward then returns ``k`` predictions,
 ``(B, k, C, ...)``, each preconditioned as the single one would be.
 
+``conditioning_frames = k`` (video-to-world: ``fastgen.networks.conditioning_frames``) says that the first ``k`` latent
+frames of a video ``x_t`` are not noisy but given clean: the backbone sees them as they are, at the backbone's
+``conditioning_time`` and flagged in its condition mask, and the prediction's denoised estimate there is the given
+frames themselves (as ``Cosmos2VideoToWorldPipeline`` replaces the model's output on them).
+
 A multimodal backbone (``fastgen.networks.modalities``: LTX-2's video and audio streams) takes and returns a dict
 of modalities; ``x_t`` is then that dict and ``t`` one ``(B,)`` tensor shared by the modalities or a dict of them.
 Each modality is preconditioned with its own time, the backbone sees the dicts of inputs and ``c_noise`` values
@@ -26,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastgen.networks.conditioning_frames import check_conditioning_frames, keep_given_frames, per_frame_noise
 from fastgen.networks.layers import contract_output
 from fastgen.networks.modalities import is_multimodal, per_modality
 from fastgen.networks.noise_schedules import NoiseScheduler, expand_like
@@ -63,12 +69,15 @@ class DiffusionNet(nn.Module):
         return_logvar: bool = False,
         fwd_pred_type: str | None = None,
         features_only: bool = False,
+        conditioning_frames: int = 0,
     ) -> Any:
         if features_only and (feature_indices is None or return_logvar):
             raise ValueError("features_only needs feature_indices and excludes return_logvar")
         if is_multimodal(x_t):
             if r is not None or return_logvar or features_only:
                 raise ValueError("a multimodal network takes one time input per modality and predicts no log-variance")
+            if conditioning_frames:
+                raise ValueError("conditioning_frames: a multimodal network is given no clean frames")
             return self._forward_modalities(x_t, t, condition, feature_indices, fwd_pred_type)
         if t.dim() == 0:
             t = t.expand(x_t.shape[0])
@@ -76,8 +85,14 @@ class DiffusionNet(nn.Module):
         c_skip, c_out, c_in, c_noise = self.noise_scheduler.precondition(t)
         c_noise_r = None if r is None else self.noise_scheduler.precondition(r.to(x_t.dtype))[3]
         early = {"features_only": True} if features_only and self._backbone_exits_early else {}
+        x_in = (expand_like(c_in, x_t) * x_t).to(x_t.dtype)  # float32 coefficients must not promote a bf16 input
+        if conditioning_frames:
+            given = check_conditioning_frames(self.backbone, x_t, conditioning_frames, r is not None)
+            x_in = torch.where(given, x_t, x_in)  # the given frames as they are, not scaled by c_in
+            c_noise = per_frame_noise(self.noise_scheduler, self.backbone.conditioning_time, c_noise, given)
+            early["conditioning_frames"] = conditioning_frames
         out = self.backbone(
-            (expand_like(c_in, x_t) * x_t).to(x_t.dtype),  # float32 coefficients must not promote a bf16 input
+            x_in,
             c_noise,
             condition=condition,
             r_noise=c_noise_r,
@@ -85,7 +100,7 @@ class DiffusionNet(nn.Module):
             return_logvar=return_logvar,
             **early,
         )
-        if early:
+        if features_only and self._backbone_exits_early:
             return out
         if features_only:
             return out[1]
@@ -99,11 +114,15 @@ class DiffusionNet(nn.Module):
         elif return_logvar:
             raise ValueError(f"{type(self.backbone).__name__} does not predict a log-variance")
         heads = _head_count(out, x_t)
+        if heads > 1 and conditioning_frames:
+            raise ValueError("conditioning_frames: a network with widened output heads (PDD) is given no clean frames")
         if heads > 1:  # a widened output projection (fastgen.networks.heads): one prediction per head
             out = out.unflatten(1, (heads, x_t.shape[1])).flatten(0, 1)
             x_t, t = x_t.repeat_interleave(heads, 0), t.repeat_interleave(heads, 0)
             c_skip, c_out = c_skip.repeat_interleave(heads, 0), c_out.repeat_interleave(heads, 0)
         pred = expand_like(c_skip, x_t) * x_t + expand_like(c_out, x_t) * out.to(x_t.dtype)
+        if conditioning_frames:
+            pred = keep_given_frames(self.noise_scheduler, pred, x_t, t, given)
         if fwd_pred_type is not None and fwd_pred_type != self.native_pred_type:
             pred = self.noise_scheduler.convert(pred, x_t, t, self.native_pred_type, fwd_pred_type)
         if heads > 1:

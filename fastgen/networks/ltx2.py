@@ -35,8 +35,9 @@ What the backbone is given (``DiffusionNet``'s multimodal forward) and what it h
 * ``feature_indices``: the chosen blocks' **video** tokens as ``(B, D, F' h, w)`` maps (frames stacked along the
   height), for discriminator heads.
 
-Guidance is plain ``u + s (c - u)`` per stream with one scale (the pipeline's ``guidance_scale`` =
-``audio_guidance_scale``, ``guidance_rescale = 0``); its STG and modality-isolation guidance are not reproduced.
+Guidance is plain ``u + s (c - u)`` per stream, each with its own scale (the pipeline's ``guidance_scale`` for
+video, ``audio_guidance_scale`` for audio: ``model.guidance_scale`` and ``model.modality_guidance_scales``;
+``guidance_rescale = 0``); its STG and modality-isolation guidance are not reproduced.
 A widened output projection (PDD's heads, ``fastgen.networks.heads``) is not offered: one projection per stream
 does not fit the one-projection ``HeadSpec``, so ``head_projection`` is absent and PDD refuses the network in one
 line. Shard units (FSDP, activation checkpointing, ``torch.compile``): every transformer block.

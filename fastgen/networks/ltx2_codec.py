@@ -133,7 +133,9 @@ class LTX2Codec(Codec):
 
     @torch.no_grad()
     def decode_latents(self, latents: Any) -> Any:
-        """``{"video": pixels, "audio": waveform}`` of a multimodal sample; pixels of video latents alone."""
+        """``{"video": pixels, "audio": waveform}`` of a multimodal sample - the pipeline's ``output_type="np"``
+        decoding of both streams, what ``fastgen sample --prompt`` writes (``PromptSampler.pixels``); pixels of video
+        latents alone."""
         if not is_multimodal(latents):
             return self.decode_video(latents)
         return {"video": self.decode_video(latents["video"]), "audio": self.decode_audio(latents["audio"])}

@@ -35,7 +35,8 @@ logger = get_logger(__name__)
 EXPORT_FILE = "fastgen_export.json"
 _PIPELINE_TAG = {"sd": "text-to-image", "sdxl": "text-to-image", "flux": "text-to-image", "wan": "text-to-video",
                  "qwenimage": "text-to-image", "cogvideox": "text-to-video", "ltx2": "text-to-video",
-                 "cosmos3": "text-to-video", "cosmos2": "text-to-image"}
+                 "cosmos3": "text-to-video", "cosmos2": "text-to-image",
+                 "cosmos25": "text-to-video"}
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -77,7 +78,7 @@ import torch
 from diffusers import DiffusionPipeline
 
 pipe = DiffusionPipeline.from_pretrained("PATH/TO/THIS/FOLDER")
-{seed_line}out = pipe("a prompt", generator=torch.Generator().manual_seed(0), {call})
+{seed_line}out = pipe(prompt="a prompt", generator=torch.Generator().manual_seed(0), {call})
 ```
 
 `fastgen_export.json` holds the same call arguments (`"call"`).

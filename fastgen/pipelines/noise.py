@@ -17,11 +17,19 @@ students then re-noise between steps (``x0``, then fresh noise at the next time)
 
 Cosmos Predict2's pipelines start from ``sigma_max`` times that unit noise (EDM's latents ``x0 + sigma eps``:
 ``INITIAL_AT_SIGMA_MAX``); the others from the unit noise itself.
+
+A multimodal sample (``fastgen.networks.modalities``) starts from one draw per modality, the modalities in the order
+the family's pipeline draws them (``MODALITY_ORDER``), each as above: ``LTX2Pipeline`` calls ``prepare_latents``
+(``randn_tensor`` of ``(B, C, F, H, W)``, every prompt's video from its generator) and then
+``prepare_audio_latents`` (``(B, C_a, T_a, M_a)`` the same way), so generator ``i`` gives sample ``i``'s video and then
+its audio, before packing either. LTX-2 students' re-noising would come from the global generator per modality
+(``LTX2Pipeline`` steps its schedulers without one), which no exported pipeline reproduces (its stochastic sampling
+is refused: ``fastgen.pipelines.schedulers``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -29,13 +37,15 @@ from fastgen.networks.diffusers_nets import pack_flux_latents, unpack_flux_laten
 
 # families whose pipelines pass their generator to the scheduler's step (else the step draws from the global one)
 STEP_TAKES_GENERATOR = {"sd": True, "sdxl": True, "flux": False, "wan": False, "qwenimage": False, "cogvideox": True,
-                        "cosmos3": False, "cosmos2": False}
+                        "cosmos3": False, "cosmos2": False, "cosmos25": False, "ltx2": False}
 # families whose schedulers step packed 2x2-patch tokens (the global draw is made in that layout)
 PACKED_LATENTS = ("flux", "qwenimage")
 # families whose pipelines hold video latents frame major, (B, F, C, H, W): their draws are made in that order
 FRAME_MAJOR = ("cogvideox",)
 # families whose pipelines multiply their starting unit noise by the schedule's sigma_max (``prepare_latents``)
 INITIAL_AT_SIGMA_MAX = ("cosmos2",)
+# multimodal families: the order in which their pipelines draw each modality's starting latents
+MODALITY_ORDER = {"ltx2": ("video", "audio")}
 
 
 def seeded(seeds: Sequence[int]) -> list[torch.Generator]:
@@ -64,10 +74,18 @@ class PipelineNoise:
         return torch.cat([torch.randn((1, *shape), generator=g, device="cpu", dtype=self.dtype)
                           for g in self.generators])
 
-    def initial(self, latent_shape: Sequence[int], device: torch.device | str = "cpu",
-                sigma_max: float = 1.0) -> torch.Tensor:
+    def initial(self, latent_shape: Sequence[int] | Mapping[str, Sequence[int]], device: torch.device | str = "cpu",
+                sigma_max: float = 1.0) -> torch.Tensor | dict[str, torch.Tensor]:
         """``(B, *latent_shape)`` starting latents (``prepare_latents``: one draw per sample's generator, times
-        ``sigma_max`` - the schedule's ``sigma(t_max)`` - in the ``INITIAL_AT_SIGMA_MAX`` families)."""
+        ``sigma_max`` - the schedule's ``sigma(t_max)`` - in the ``INITIAL_AT_SIGMA_MAX`` families); for a dict of
+        per-modality shapes, a dict of them drawn in the pipeline's ``MODALITY_ORDER`` (module docstring)."""
+        if isinstance(latent_shape, Mapping):
+            order = MODALITY_ORDER.get(self.family)
+            if order is None or set(latent_shape) != set(order):
+                raise ValueError(f"no multimodal pipeline noise convention for the family {self.family!r} and the "
+                                 f"modalities {sorted(latent_shape)}")
+            drawn = {name: self.initial(latent_shape[name], device, sigma_max) for name in order}
+            return {name: drawn[name] for name in latent_shape}
         noise = self._per_sample(latent_shape)
         if self.family in INITIAL_AT_SIGMA_MAX:
             noise = noise * sigma_max

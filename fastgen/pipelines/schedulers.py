@@ -22,8 +22,9 @@ wan        as flux; ``WanPipeline`` takes no ``sigmas``: the grid      as renois
            comes from ``num_inference_steps`` and ``shift_terminal``
 qwenimage  as flux (``sigmas``: the times, no dynamic shift)           as renoise; guidance is the pipeline's
                                                                        ``true_cfg_scale`` against ``""``
-ltx2       refused (its re-noising per stream is not reproduced)       as flux, one guidance for video and audio,
-                                                                       no rescale / STG / modality guidance
+ltx2       refused (its re-noising per stream is not reproduced)       as flux; guidance per stream (``guidance_scale``
+                                                                       video, ``audio_guidance_scale`` audio), no
+                                                                       rescale / STG / modality guidance
 cogvideox  ``LCMScheduler`` as sd, its ``trained_betas`` those of      ``CogVideoXDDIMScheduler`` with the model's
            CogVideoX's ``alphas_cumprod`` (SNR shift, zero terminal    own schedule, "trailing": its grid comes
            SNR: LCM has neither)                                       from ``num_inference_steps`` (it steps
@@ -32,6 +33,8 @@ cosmos2    one step only: its scheduler cannot re-noise EDM latents    ``FlowMat
            (``Cosmos2TextToImagePipeline``; the sample is the state    sigmas (its grid from ``num_inference_steps``
            at ``sigma_min`` after that step, ``x0 + 0.002 (x_T - x0)   alone), ending at ``sigma_min``:
            / 80``, not ``x0``)                                         ``SamplingPlan.end``
+cosmos25   as wan (the pipeline reads ``scheduler.sigmas[i]`` as the time;   as renoise; guidance ``g = s - 1`` (only
+           its released UniPC scheduler is replaced)                   ``g > 1``) against ``""``
 =========  ==========================================================  ============================================
 
 The exported schedulers never shift: fastgen's times already are the shifted ones (Qwen-Image's network samples
@@ -40,6 +43,7 @@ its pipeline's dynamic shift for its latent size and its ``shift_terminal``, ``q
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,14 +59,29 @@ class SamplingPlan:
     """How a network samples: ``sampler`` (``SAMPLERS``), its evaluation ``times`` from ``t_max`` down, the
     classifier-free guidance ``guidance`` against the negative prompt (1: none), and where the ODE ends: ``end = 0``
     returns the denoised estimate at the last time, a positive ``end`` the state the last DDIM step reaches there,
-    unevaluated (Cosmos Predict2's pipelines stop at ``sigma_min``: ``EDMFlowScheduler.stops_at_last_time``)."""
+    unevaluated (Cosmos Predict2's pipelines stop at ``sigma_min``: ``EDMFlowScheduler.stops_at_last_time``).
+    ``modality_guidance``: a multimodal sample's per-modality scales where they differ from ``guidance``
+    (``model.modality_guidance_scales``; LTX-2's pipeline guides audio harder than video)."""
 
     sampler: str
     times: tuple[float, ...]
     guidance: float = 1.0
     end: float = 0.0
+    modality_guidance: Mapping[str, float] = field(default_factory=dict, hash=False)
+
+    def scale(self, modality: str | None = None) -> float:
+        """The guidance scale of ``modality`` (``None``: a one-modality sample)."""
+        return float(self.modality_guidance.get(modality, self.guidance)) if modality is not None else self.guidance
+
+    def guided(self, modalities: Iterable[str] | None = None) -> bool:
+        """Whether any of ``modalities`` (default: all the plan names, and the base scale) is guided (scale != 1):
+        sampling then evaluates the negative prompt too."""
+        names = list(self.modality_guidance) if modalities is None else list(modalities)
+        scales = [self.scale(n) for n in names] + ([self.guidance] if modalities is None else [])
+        return any(s != 1.0 for s in scales)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "modality_guidance", {str(k): float(v) for k, v in self.modality_guidance.items()})
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
         if not self.times or any(b >= a for a, b in zip(self.times, self.times[1:])):
@@ -71,11 +90,14 @@ class SamplingPlan:
             raise ValueError(f"end must be 0 or in (0, the last time {self.times[-1]}), got {self.end}")
 
 
-def plan_of(model: Any, which: str, steps: int | None = None, guidance: float | None = None) -> SamplingPlan:
+def plan_of(model: Any, which: str, steps: int | None = None, guidance: float | None = None,
+            modality_guidance: Mapping[str, float] | None = None) -> SamplingPlan:
     """The plan of network ``which`` (net, ema, teacher) of a method: a distillation student's own sampler and
     times; a teacher, or the network of a method without a student sampler (SFT), the DDIM ODE over its schedule's
     ``steps``-step grid (default ``model.sample_steps``; on a discrete schedule, each time moved to its nearest
-    trained step) with ``guidance`` (default the run's ``guidance_scale``)."""
+    trained step) with ``guidance`` (default the run's ``guidance_scale``) and, for a multimodal model, the run's
+    ``model.modality_guidance_scales`` updated by ``modality_guidance`` (the modalities that differ from
+    ``guidance``)."""
     sampler = getattr(model, "student_sampler", None)
     if which != "teacher" and sampler == "pdd":  # fused blocks: an Euler step per block (fastgen.pipelines.pdd_blocks)
         return SamplingPlan("ode", tuple(model.block_times(model.sampling_blocks(steps))))
@@ -98,7 +120,13 @@ def plan_of(model: Any, which: str, steps: int | None = None, guidance: float | 
         grid, end = grid[:-1], grid[-1]
     if guidance is None:
         guidance = getattr(model.config, "guidance_scale", None) or 1.0
-    return SamplingPlan("ode", tuple(float(t) for t in grid), float(guidance), float(end))
+    per_modality = {**(getattr(model.config, "modality_guidance_scales", None) or {}), **(modality_guidance or {})}
+    shapes = getattr(model.config, "modality_shapes", None) or {}
+    unknown = sorted(set(per_modality) - set(shapes))
+    if unknown:
+        raise UsageError(f"guidance for {unknown}: not modalities of this model"
+                         + (f" ({sorted(shapes)})" if shapes else " (it samples one modality)"))
+    return SamplingPlan("ode", tuple(float(t) for t in grid), float(guidance), float(end), per_modality)
 
 
 @dataclass
@@ -172,24 +200,43 @@ def _flow(plan: SamplingPlan, schedule: Any, family: str, backbone: Any) -> Diff
         if plan.guidance != 1.0:
             call["negative_prompt"] = ""
     elif family == "ltx2":
-        # LTX2Pipeline: one guidance scale for both streams (its defaults guide audio harder, rescale the guided x0 and
-        # add STG and modality-isolation passes, which fastgen does not sample with); re-noising it draws per stream
-        # from the global generator in its packed layouts, which fastgen's multimodal students do not reproduce
+        # LTX2Pipeline: guidance_scale for video, audio_guidance_scale for audio (plain CFG per stream; its rescale,
+        # STG and modality-isolation passes are off, as fastgen does not sample with them); re-noising it draws per
+        # stream from the global generator in its packed layouts, which fastgen's multimodal students do not reproduce
         if stochastic:
             raise UsageError("an LTX-2 student's re-noising between steps is not reproduced by LTX2Pipeline's "
                              "scheduler; export the teacher or an ODE-sampled network")
+        video, audio = plan.scale("video"), plan.scale("audio")
+        # the pipeline guides only when a scale is above 1 (then both streams, with their own scale), and reads an
+        # audio scale of 0 as unset (``audio_guidance_scale or guidance_scale``)
+        if plan.guided(("video", "audio")) and max(video, audio) <= 1.0:
+            raise UsageError(f"guidance {video} (video), {audio} (audio): LTX2Pipeline guides only when a scale is "
+                             "above 1")
+        if audio == 0.0 and video != 0.0:
+            raise UsageError("audio guidance 0: LTX2Pipeline reads audio_guidance_scale=0 as unset (the video's)")
         call["sigmas"] = list(plan.times)
-        call.update(guidance_scale=plan.guidance, audio_guidance_scale=plan.guidance, guidance_rescale=0.0,
+        call.update(guidance_scale=video, audio_guidance_scale=audio, guidance_rescale=0.0,
                     audio_guidance_rescale=0.0, stg_scale=0.0, audio_stg_scale=0.0, modality_scale=1.0,
                     audio_modality_scale=1.0)
+    elif family == "cosmos25":
+        # Cosmos2_5_PredictBasePipeline: v_c + g (v_c - v_u), only for g > 1 - fastgen's s = g + 1; its default
+        # negative prompt is a long sentence, fastgen's ""
+        if plan.guidance != 1.0 and plan.guidance <= 2.0:
+            raise UsageError(f"guidance {plan.guidance}: Cosmos2_5_PredictBasePipeline guides with guidance_scale "
+                             "g = s - 1 only above 1, so s must be 1 or above 2")
+        config["shift_terminal"] = plan.times[-1] if n > 1 else None
+        call["guidance_scale"] = max(plan.guidance - 1.0, 0.0)
+        if plan.guidance != 1.0:
+            call["negative_prompt"] = ""
     else:
         config["shift_terminal"] = plan.times[-1] if n > 1 else None
         call["guidance_scale"] = plan.guidance
     scheduler = diffusers.FlowMatchEulerDiscreteScheduler(**config)
-    if family in ("wan", "cosmos3"):  # Cosmos3OmniPipeline, too, takes no sigmas
+    if family in ("wan", "cosmos3", "cosmos25"):  # Cosmos3OmniPipeline and Cosmos 2.5's, too, take no sigmas
         scheduler.set_timesteps(n)
         got = scheduler.sigmas[:-1].tolist()
-        pipeline = {"wan": "WanPipeline", "cosmos3": "Cosmos3OmniPipeline"}[family]
+        pipeline = {"wan": "WanPipeline", "cosmos3": "Cosmos3OmniPipeline",
+                    "cosmos25": "Cosmos2_5_PredictBasePipeline"}[family]
         if any(abs(a - b) > 1e-5 for a, b in zip(got, plan.times)):
             raise UsageError(f"{pipeline} sets its times from num_inference_steps alone; the times {list(plan.times)} "
                              f"are not a uniform grid from 1 that its scheduler can reproduce (it would sample at "
@@ -240,8 +287,9 @@ def _cogvideox(plan: SamplingPlan, schedule: Any) -> DiffusersSampling:
     return DiffusersSampling(diffusers.CogVideoXDDIMScheduler(**config), call)
 
 
-def _cosmos2(plan: SamplingPlan, schedule: Any, backbone: Any) -> DiffusersSampling:
-    """``Cosmos2TextToImagePipeline``: ``FlowMatchEulerDiscreteScheduler`` with ``use_karras_sigmas`` over EDM's
+def _cosmos2(plan: SamplingPlan, schedule: Any) -> DiffusersSampling:
+    """``Cosmos2TextToImagePipeline`` and ``Cosmos2VideoToWorldPipeline`` (a video-to-world network; the call then
+    takes the conditioning ``image`` or ``video``, ``fastgen.pipelines.world``): ``FlowMatchEulerDiscreteScheduler`` with ``use_karras_sigmas`` over EDM's
     ``sigma`` (the pipeline registers ``sigma_min`` 0.002, ``sigma_max`` 80 and ``final_sigmas_type="sigma_min"``
     itself), stepped on the pipeline's epsilon ``(x - x0) / sigma``: Euler in ``sigma`` is the DDIM step. Its
     ``n`` steps evaluate Karras' first ``n - 1`` sigmas and end at the last, ``sigma_min`` (the last step has length
@@ -254,9 +302,6 @@ def _cosmos2(plan: SamplingPlan, schedule: Any, backbone: Any) -> DiffusersSampl
     if not isinstance(schedule, EDMFlowScheduler):
         raise UsageError(f"a Cosmos Predict2 pipeline samples EDMFlowScheduler; this network has "
                          f"{type(schedule).__name__}")
-    if getattr(backbone, "condition_channels", 0):
-        raise UsageError("a Cosmos Predict2 video-to-world network samples in Cosmos2VideoToWorldPipeline with "
-                         "conditioning frames, which fastgen does not sample (it trains the text-to-world path)")
     fixed = {"sigma_min": 0.002, "sigma_max": 80.0, "sigma_data": 1.0}
     if any(abs(getattr(schedule, k) - v) > 1e-9 for k, v in fixed.items()) or schedule.rho != 7.0:
         raise UsageError(f"the Cosmos Predict2 pipelines fix {fixed} and rho 7; this network's schedule has other "
@@ -293,17 +338,20 @@ def diffusers_sampling(family: str, plan: SamplingPlan, net: Any) -> DiffusersSa
     """The scheduler and call arguments with which the ``family``'s pipeline samples ``net`` (a ``DiffusionNet``)
     as ``plan`` says."""
     schedule, backbone = net.noise_scheduler, net.backbone
+    if family != "ltx2" and any(plan.scale(m) != plan.guidance for m in plan.modality_guidance):
+        raise UsageError(f"the {family} pipeline guides every modality with one scale; this plan guides "
+                         f"{dict(plan.modality_guidance)} apart from {plan.guidance}")
     if plan.times[0] < float(schedule.t_max) - 1e-6:
         raise UsageError(f"the first time {plan.times[0]} is below t_max {schedule.t_max}: a diffusers pipeline starts "
                          "from unit noise at any first step, fastgen from pure noise at that time's level")
     if family in ("sd", "sdxl"):
         return _sd(plan, schedule)
-    if family in ("flux", "wan", "qwenimage", "ltx2", "cosmos3"):
+    if family in ("flux", "wan", "qwenimage", "ltx2", "cosmos3", "cosmos25"):
         return _flow(plan, schedule, family, backbone)
     if family == "cogvideox":
         return _cogvideox(plan, schedule)
     if family == "cosmos2":
-        return _cosmos2(plan, schedule, backbone)
+        return _cosmos2(plan, schedule)
     raise UsageError(f"no diffusers export for the family {family!r}")
 
 

@@ -18,7 +18,10 @@ RECIPES = {"SD/config_dmd2_sd15": "sd15", "SD/config_dmd2_sdxl": "sdxl", "SD/con
            "CogVideoX/config_dmd2_cogvideox": "cogvideox_5b", "CogVideoX/config_sft_cogvideox": "cogvideox_5b",
            "LTX2/config_sft_ltx2": "ltx2_19b", "LTX2/config_dmd2_ltx2": "ltx2_19b",
            "CosmosPredict2/config_dmd2_cosmos_predict2": "cosmos_predict2_2b",
-           "CosmosPredict2/config_sft_cosmos_predict2": "cosmos_predict2_2b"}
+           "CosmosPredict2/config_sft_cosmos_predict2": "cosmos_predict2_2b",
+           "CosmosPredict2/config_sft_cosmos_predict2_video2world": "cosmos_predict2_2b_v2w",
+           "CosmosPredict2/config_sft_cosmos_predict25": "cosmos_predict25_2b",
+           "CosmosPredict2/config_dmd2_cosmos_predict25": "cosmos_predict25_2b"}
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -62,7 +65,9 @@ TINY_FAMILIES = {"flux": ("flux_transformer", "TINY_FLUX", "transformer", "net_d
                  "qwenimage": ("qwenimage_transformer", "TINY_QWEN_IMAGE", "transformer", "net_diffusers"),
                  "cogvideox": ("cogvideox_transformer", "TINY_COGVIDEOX", "transformer", "net_diffusers"),
                  "cosmos2": ("cosmos_predict2_transformer", "TINY_COSMOS_PREDICT2", "transformer",
-                             "net_cosmos_predict2")}
+                             "net_cosmos_predict2"),
+                 "cosmos25": ("cosmos_predict25_transformer", "TINY_COSMOS_PREDICT25", "transformer",
+                              "net_cosmos_predict25")}
 
 
 @pytest.mark.slow

@@ -138,7 +138,8 @@ def test_encoded_shards_train_and_the_export_samples_in_diffusers(output_root: P
     (``real.video`` / ``real.audio`` fields nest into one multimodal sample); SFT trains the folder's network on them
     for 2 iterations; ``export_diffusers`` writes a pipeline folder that diffusers' ``LTX2Pipeline`` loads and
     samples - with the call arguments it records - exactly as fastgen's ODE samples the run's network (video and
-    audio latents to 1e-4), its transformer the run's weights."""
+    audio latents to 1e-4), its transformer the run's weights; ``fastgen sample RUN --prompt`` writes an MP4 with
+    its sound track, a WAV and samples.npz, and bad ``--modality-guidance`` values are one-line errors."""
     from diffusers import LTX2Pipeline
     from tiny_ltx2 import FRAME_RATE, FRAMES, MAX_SEQUENCE_LENGTH, PIXELS, tiny_ltx2_pipeline
 
@@ -214,6 +215,24 @@ def test_encoded_shards_train_and_the_export_samples_in_diffusers(output_root: P
         diffusers_sampling("ltx2", SamplingPlan("renoise", (1.0, 0.5)), net)
     from fastgen_testing import run_in_process
 
-    refused = run_in_process("sample", str(run_dir), "--prompt", "a cat", "--out", str(tmp_path / "samples"))
-    lines = [line for line in refused.stderr.splitlines() if line.strip()]
-    assert refused.returncode == 2 and len(lines) == 1 and "multimodal" in lines[0], refused.stderr
+    # fastgen sample --prompt on the run: an MP4 with its sound track, a WAV and samples.npz per sample
+    from fastgen.pipelines.media import read_mp4, read_mp4_audio
+
+    out = tmp_path / "samples"
+    sampled = run_in_process("sample", str(run_dir), "--prompt", "a digit", "--steps", "2", "--guidance", "2",
+                             "--modality-guidance", "audio=4", "--seed", "3", "--out", str(out))
+    assert sampled.returncode == 0, sampled.stderr
+    assert "0000.mp4" in sampled.stdout and "samples.npz" in sampled.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["0000.mp4", "0000.wav", "samples.json", "samples.npz"]
+    assert read_mp4(out / "0000.mp4").shape == (FRAMES, PIXELS, PIXELS, 3)
+    sound, rate = read_mp4_audio(out / "0000.mp4")
+    assert rate == 16000 and sound.shape[0] == 2 and sound.shape[1] > 0
+    import wave
+
+    with wave.open(str(out / "0000.wav"), "rb") as wav:
+        assert wav.getnchannels() == 2 and wav.getframerate() == 16000 and wav.getnframes() > 0
+    for bad, fragment in ((["--modality-guidance", "audio"], "MODALITY=SCALE"),
+                          (["--modality-guidance", "sound=3"], "not modalities of this model")):
+        refused = run_in_process("sample", str(run_dir), "--prompt", "a cat", *bad, "--out", str(tmp_path / "x"))
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert refused.returncode == 2 and len(lines) == 1 and fragment in lines[0], refused.stderr

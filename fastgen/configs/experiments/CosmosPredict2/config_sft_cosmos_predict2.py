@@ -39,14 +39,19 @@ PROMPTS = 4
 SHAPE = cosmos_predict2_latent_shape(1, 768, 1360)  # [16, 96, 170]
 
 
-def create_config() -> BaseConfig:
-    net = cosmos_predict2_transformer(COSMOS_PREDICT2_2B_T2I, prompt_embeddings=prompts_path(NAME),
-                                      num_prompts=PROMPTS)
-    config = large_model_setting(sft_config(), NAME, net, SHAPE, PROMPTS)
+def fine_tune(config: BaseConfig, dropout: float = 0.1, sample_steps: int = 35) -> BaseConfig:
+    """What the Cosmos Predict2 / 2.5 fine-tunes share: an EMA at beta 0.9999 (what ``--only ema`` exports),
+    ``dropout`` of the captions for guidance, the learning rate 1e-5, ``sample_steps`` (the pipeline's default)."""
     config.model.use_ema = True
-    config.model.condition_dropout = 0.1
+    config.model.condition_dropout = dropout
     config.model.net_optimizer.lr = 1e-5
-    config.model.sample_steps = 35
+    config.model.sample_steps = sample_steps
     config.trainer.callbacks.update(EMA_CALLBACK)
     config.trainer.callbacks.ema.beta = 0.9999
     return config
+
+
+def create_config() -> BaseConfig:
+    net = cosmos_predict2_transformer(COSMOS_PREDICT2_2B_T2I, prompt_embeddings=prompts_path(NAME),
+                                      num_prompts=PROMPTS)
+    return fine_tune(large_model_setting(sft_config(), NAME, net, SHAPE, PROMPTS))

@@ -3,9 +3,9 @@
 gap, the streams' losses summed; ``model.modality_loss_weights`` weighs them). Teacher, student and fake score are
 ``LTX2VideoTransformer3DModel`` at LTX-2's size (``LTX2_19B``) on 121 frames of 512x768 with 5 s of 16 kHz sound
 (video latents ``128 x 16 x 16 x 24``, audio ``8 x 126 x 16``); the shards and prompts of ``LTX2/config_sft_ltx2``.
-Guidance 3 in the teacher's score for both streams (LTX2Pipeline's video default; its audio default 7, guidance
-rescale, STG and modality guidance are not reproduced). DMD2's text-to-image settings otherwise
-(``diffusers_dmd2_setting``).
+Guidance 3 in the teacher's score for both streams (LTX2Pipeline's video default; its audio default 7 is
+``model.modality_guidance_scales={"audio": 7.0}``; its guidance rescale, STG and modality guidance are not
+reproduced). DMD2's text-to-image settings otherwise (``diffusers_dmd2_setting``).
 
     fastgen train --nnodes 8 --nproc-per-node 8 --config LTX2/config_dmd2_ltx2 - model.pretrained_model_path=/weights/LTX-2
 
