@@ -193,8 +193,9 @@ class BaseModelConfig(StrictConfig):
     modality_guidance_scales: Optional[dict[str, float]] = None
     # Video-to-world (fastgen.networks.conditioning_frames; SFT, DMD2): the first latent frames of every training video
     # given clean to the network, which generates the rest (needs a network with a condition mask, e.g. Cosmos
-    # Predict2's Video2World); 0: every frame generated
-    conditioning_frames: int = 0
+    # Predict2's Video2World); 0: every frame generated; a list: each step draws one of its counts (the same on every
+    # rank), e.g. [1, 2] for continuing an image and a 5-frame clip
+    conditioning_frames: Union[int, list[int]] = 0
 
     @property
     def ema_names(self) -> list[str]:

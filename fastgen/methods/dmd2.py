@@ -64,6 +64,7 @@ from torch import nn
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.methods.distill import DistillationModel
+from fastgen.methods.model import conditioning_frame_choices
 from fastgen.methods.multimodal import check_modalities, combine_losses, training_times, vsd_times
 from fastgen.networks.conditioning_frames import generated_frames_mean
 from fastgen.networks.discriminator import (FeatureDiscriminator, default_feature_indices, head_features,
@@ -139,8 +140,7 @@ class DMD2Model(DistillationModel):
             if unsupported:
                 raise ConfigError(f"multimodal DMD2 (model.modality_shapes) has the distribution-matching loss only; "
                                   f"unset model.{', model.'.join(unsupported)}")
-        self.given_frame_count = int(getattr(config, "conditioning_frames", 0) or 0)
-        if self.given_frame_count:
+        if any(conditioning_frame_choices(config)):
             unsupported = [name for name, on in (("gan_loss_weight_gen", self.use_gan),
                                                  ("regression_loss_weight", config.regression_loss_weight > 0)) if on]
             if unsupported:
@@ -291,7 +291,7 @@ class DMD2Model(DistillationModel):
             if self.is_student_iteration(iteration):
                 return self.multimodal_student_step(condition, noise)
             return self.multimodal_critic_step(condition, noise)
-        with self.given_frames(real, self.given_frame_count):  # video-to-world: the data's first frames are given
+        with self.given_frames(real, self.draw_conditioning_frames()):  # video-to-world: the data's first frames
             if self.is_student_iteration(iteration):
                 return self.student_step(real, condition, noise)
             return self.critic_step(real, condition, noise)

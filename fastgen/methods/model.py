@@ -47,6 +47,19 @@ logger = get_logger(__name__)
 
 
 
+def conditioning_frame_choices(config: Any) -> list[int]:
+    """``model.conditioning_frames`` as a list of counts (an int is a list of one; unset: ``[0]``)."""
+    value = getattr(config, "conditioning_frames", 0) or 0
+    if isinstance(value, int):
+        return [int(value)]
+    choices = [int(v) for v in value]
+    if not choices:
+        from fastgen.utils.errors import ConfigError
+
+        raise ConfigError("model.conditioning_frames: an empty list; give counts to draw from, e.g. [1, 2]")
+    return choices
+
+
 class FastGenModel(nn.Module):
     #: whether the method trains multimodal samples (``model.modality_shapes``; ``fastgen.networks.modalities``);
     #: each class declares it for itself (a subclass does not inherit it)
@@ -98,8 +111,8 @@ class FastGenModel(nn.Module):
     def _check_conditioning_frames(self, config: Any) -> None:
         """``model.conditioning_frames`` in one line when the method, the network or the sample shape cannot
         take it (``fastgen.networks.conditioning_frames``)."""
-        frames = int(getattr(config, "conditioning_frames", 0) or 0)
-        if not frames:
+        choices = conditioning_frame_choices(config)
+        if not any(choices):
             return
         from fastgen.utils.errors import ConfigError
 
@@ -107,12 +120,20 @@ class FastGenModel(nn.Module):
             raise ConfigError(f"model.conditioning_frames: {type(self).__name__} generates every frame; "
                               "video-to-world training is SFT's and DMD2's")
         shape = list(config.input_shape)
-        if frames < 0 or len(shape) != 4 or frames >= shape[1]:
-            raise ConfigError(f"model.conditioning_frames={frames} needs a video input_shape [C, F, H, W] with more "
-                              f"than {frames} latent frames; got {shape}")
+        if min(choices) < 0 or len(shape) != 4 or max(choices) >= shape[1]:
+            raise ConfigError(f"model.conditioning_frames={getattr(config, 'conditioning_frames')} needs a video "
+                              f"input_shape [C, F, H, W] with more than {max(choices)} latent frames; got {shape}")
         if not getattr(getattr(self.net, "backbone", None), "takes_conditioning_frames", False):
             raise ConfigError("model.conditioning_frames: the network reads no condition mask (a video-to-world "
                               "model such as Cosmos Predict2's Video2World, in_channels = out_channels + 1, does)")
+
+    def draw_conditioning_frames(self) -> int:
+        """This step's count of given latent frames: ``model.conditioning_frames``, or one of its list drawn from
+        the step's shared stream (every rank the same, so sharded networks run the same computation)."""
+        choices = conditioning_frame_choices(self.config)
+        if len(choices) == 1:
+            return choices[0]
+        return choices[int(self.rng.shared.randint(len(choices), ()).item())]
 
     def adapt_net(self, net: nn.Module) -> None:
         """A method's change to the trained network's architecture (PDD widens its output projection), made in

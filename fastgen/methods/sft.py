@@ -13,7 +13,7 @@ same network also learns the unconditional model that classifier-free guidance n
 
 Video-to-world (``model.conditioning_frames = k``, ``fastgen.networks.conditioning_frames``): the first ``k`` latent
 frames of the noised video are the data's clean frames, the network is told so, and the loss averages over the
-other frames only.
+other frames only (a list of counts: one drawn per step, ``draw_conditioning_frames``).
 
 Multimodal samples (``model.modality_shapes``, a dict of modalities in ``real``): every modality is noised at its
 training time (shared or per modality, ``fastgen.methods.multimodal.training_times``) with its own noise, the
@@ -54,7 +54,7 @@ class SFTModel(FastGenModel):
         t = scheduler.sample_t(x0.shape[0], device=x0.device, generator=rng).to(x0.dtype)
         eps = rng.randn_like(x0)
         x_t = scheduler.add_noise(x0, eps, t)
-        given = int(getattr(self.config, "conditioning_frames", 0) or 0)
+        given = self.draw_conditioning_frames()
         if given:
             x_t = with_given_frames(x_t, x0, given)
             pred = self.net(x_t, t, condition=condition, conditioning_frames=given)

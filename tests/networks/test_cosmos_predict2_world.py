@@ -374,3 +374,35 @@ def test_a_video_to_world_export_reloads_and_continues_an_image_as_fastgen_does(
         result = run_cli("sample", str(run_dir), "--prompt", PROMPT, *args)
         errors = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+
+
+def test_a_list_of_counts_draws_one_per_step_from_the_shared_stream(tmp_path: Path) -> None:
+    """``model.conditioning_frames=[1, 2]`` (an override on the command line's grammar, and through config.yaml):
+    each SFT step gives the network one of the counts, drawn from the step's shared stream (what every rank draws
+    alike), and over a few steps both occur; a count that leaves no frame to generate is refused."""
+    from fastgen.configs.config_utils import apply_overrides, config_to_yaml, load_config
+    from fastgen.configs.instantiate import instantiate as build
+    from fastgen.utils.errors import ConfigError
+
+    config = _world_recipe("unused")
+    apply_overrides(config, ["model.conditioning_frames=[1,2]"])
+    assert list(config.model.conditioning_frames) == [1, 2]
+    (tmp_path / "config.yaml").write_text(config_to_yaml(config))
+    assert list(load_config(str(tmp_path / "config.yaml")).model.conditioning_frames) == [1, 2]
+    model = build(config.model_class, config=config.model)
+    data = {"real": torch.randn(2, 1, 8, 8, 16), "condition": torch.tensor([1, 4]), "sample_ids": torch.tensor([0, 1])}
+    counts = []
+    for iteration in range(8):
+        seen = {}
+        handle = model.net.register_forward_pre_hook(
+            lambda module, args, kwargs: seen.update(frames=kwargs.get("conditioning_frames")), with_kwargs=True)
+        try:
+            with model.bind_batch(data, iteration, seed=0):  # the trainer's keyed streams
+                model.single_train_step(data, iteration)
+        finally:
+            handle.remove()
+        counts.append(seen["frames"])
+    assert set(counts) == {1, 2}, counts
+    config.model.conditioning_frames = [1, 8]
+    with pytest.raises(ConfigError, match="more than 8 latent frames"):
+        build(config.model_class, config=config.model)

@@ -18,9 +18,10 @@ the architecture: Cosmos-Predict2.5-14B's folder trains 14B). Schedule: rectifie
 sigma``, logit-normal training times, sampling shift 5 (the Predict 2.5 training config's; an ODE export needs
 ``shift=1.0``, ``fastgen.configs.net_cosmos_predict25``). 20% of the captions are dropped for classifier-free
 guidance (the Predict 2.5 training config's text dropout; fastgen's null condition is zero states, the pipeline
-guides against an encoded negative prompt). Every latent frame is generated (text to world); ``-
-model.conditioning_frames=1`` trains image-to-world instead (the first latent frame given clean at the pipeline's
-``conditional_frame_timestep`` 1e-4), ``2`` video-to-world; the released model was trained on a mix of the three.
+guides against an encoded negative prompt). Each step draws text to world (every latent
+frame generated), image to world (the first latent frame given clean at the pipeline's ``conditional_frame_timestep``
+1e-4) or video to world (the first two), the same on every rank (``model.conditioning_frames = [0, 1, 2]``), as the
+released model was trained on a mix of the three; ``- model.conditioning_frames=0`` trains text to world alone.
 The EMA (beta 0.9999) is what ``--only ema`` exports to ``Cosmos2_5_PredictBasePipeline``. FSDP2 on a meta-device
 build, bfloat16 autocast, activation checkpointing over the 28 blocks; AdamW at 1e-5. One prompt in the label bank
 (``$DATA_ROOT_DIR/cosmos_predict25_2b_prompts.safetensors``, ``(1, 512, 100352)``: 196 MiB in float32, held whole
@@ -68,4 +69,6 @@ def on_the_fly_captions(config: BaseConfig, name: str) -> BaseConfig:
 def create_config() -> BaseConfig:
     net = cosmos_predict25_transformer(COSMOS_PREDICT25_2B, prompt_embeddings=prompts_path(NAME), num_prompts=PROMPTS)
     config = on_the_fly_captions(large_model_setting(sft_config(), NAME, net, SHAPE, PROMPTS), NAME)
-    return fine_tune(config, dropout=0.2, sample_steps=36)
+    config = fine_tune(config, dropout=0.2, sample_steps=36)
+    config.model.conditioning_frames = [0, 1, 2]  # text, image and video to world, one drawn per step
+    return config
