@@ -1,6 +1,6 @@
 """``fastgen sample``: draw samples from a checkpoint; write them as an .npz (guided-diffusion convention) and a PNG,
-or - with ``--prompt`` - text-to-image / text-to-video samples as PNG / MP4 files (LTX-2: MP4 with sound, WAV and an
-.npz), drawn as the model family's diffusers pipeline draws them (``fastgen.pipelines.prompts``)."""
+or - with ``--prompt`` - text-to-image / text-to-video samples as PNG / MP4 files (LTX-2, Cosmos 3 with sound: MP4
+with sound, WAV and an .npz), drawn as the model family's diffusers pipeline draws them (``fastgen.pipelines.prompts``)."""
 
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ With --prompt / --prompt-file: OUT is a folder (default RUN_DIR/samples/prompts_
 NNNN.png (NNNN.mp4 for videos) and samples.json (file, prompt, seed). Sample i starts from the noise the family's
 diffusers pipeline draws for generator=torch.Generator().manual_seed(SEED + i); -n N: N samples per prompt. A
 pipeline exported with `fastgen convert-ckpt RUN OUT --to diffusers` renders the same files. A video-and-audio model
-(LTX-2) writes NNNN.mp4 with its sound track, NNNN.wav and samples.npz (arr_0 the uint8 videos, audio the sampled
-audio latents, waveform the sound, sample_rate).
+(LTX-2, Cosmos 3 with sound) writes NNNN.mp4 with its sound track, NNNN.wav and samples.npz (arr_0 the uint8
+videos, audio the sampled audio latents, waveform the sound, sample_rate).
 """
 
 

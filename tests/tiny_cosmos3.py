@@ -41,6 +41,19 @@ def cosmos3_vae(channels: int = 1) -> Any:
                             scale_factor_temporal=TEMPORAL, scale_factor_spatial=SPATIAL).eval()
 
 
+def cosmos3_sound_tokenizer() -> Any:
+    """Cosmos 3's sound tokenizer (``Cosmos3AVAEAudioTokenizer``) at toy size: 2 latent channels (the tiny sound
+    model's ``sound_dim``), stereo waveforms at 96 Hz, 4 samples per latent (so 5 frames at 24 fps are 20 samples,
+    5 latents)."""
+    from diffusers.models.autoencoders.autoencoder_cosmos3_audio import Cosmos3AVAEAudioTokenizer
+
+    torch.manual_seed(3)
+    return Cosmos3AVAEAudioTokenizer(sampling_rate=96, vocoder_input_dim=2, dec_dim=8, dec_c_mults=(1, 2),
+                                     dec_strides=(2, 2), dec_out_channels=2, enc_dim=8, enc_intermediate_dim=16,
+                                     enc_num_layers=1, enc_num_blocks=1, enc_n_fft=8, enc_hop_length=2,
+                                     enc_latent_dim=4, enc_c_mults=(1, 2), enc_strides=(2, 1), hop_size=4).eval()
+
+
 def cosmos3_pipeline(transformer: Any, scheduler: Any = None, **options: Any) -> Any:
     """``Cosmos3OmniPipeline`` around ``transformer`` with the toy tokenizer and VAE, no safety checker, and
     ``scheduler`` (default: rectified-flow Euler, the scheduler fastgen's exports use)."""

@@ -13,12 +13,17 @@ families).
   says; the chat template; end-of-text and vision-start) and then rows of the transformer's ``embed_tokens`` (read
   from the folder's ``transformer/`` safetensors alone), zero-padded to ``max_tokens``: the network's condition
   (``fastgen.networks.cosmos3``). The negative side is the same with the inverse sentences (``encode_negative``).
+* **Sound** (a folder with a ``sound_tokenizer``: ``Cosmos3AVAEAudioTokenizer``, the audio VAE whose latents the
+  model's sound path generates): a multimodal sample ``{"video": ..., "audio": (B, sound_dim, T)}`` decodes to
+  ``{"video": pixels, "audio": waveforms (B, channels, samples)}`` at the tokenizer's ``sampling_rate``, as the
+  pipeline's ``decode_sound`` does it - the latents as they are (the tokenizer applies no normalisation); waveforms
+  encode to latents with ``encode_audio`` (the posterior's mode, or a sample with a generator).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,7 @@ from torch import nn
 
 from fastgen.networks.codecs import Codec, _component
 from fastgen.networks.cosmos3 import load_tokenizer, prompt_ids
+from fastgen.networks.modalities import is_multimodal
 from fastgen.utils.errors import UsageError
 
 
@@ -60,8 +66,11 @@ class Cosmos3Codec(Codec):
 
     def __init__(self, vae: nn.Module, num_frames: int = 189, height: int = 720, width: int = 1280, fps: float = 24.0,
                  use_system_prompt: bool = True, add_resolution_template: bool = True,
-                 add_duration_template: bool = True, max_tokens: int = 512, **parts: Any) -> None:
+                 add_duration_template: bool = True, max_tokens: int = 512, sound_tokenizer: nn.Module | None = None,
+                 **parts: Any) -> None:
         super().__init__(vae, **parts)
+        # not among the encoders: FSDP (model.encode_batches) wraps those, and the tokenizer is called by method
+        self.sound_tokenizer = sound_tokenizer
         self.num_frames, self.height, self.width, self.fps = int(num_frames), int(height), int(width), float(fps)
         self.templates = {"use_system_prompt": bool(use_system_prompt),
                           "add_resolution_template": bool(add_resolution_template),
@@ -79,6 +88,9 @@ class Cosmos3Codec(Codec):
             table = read_embedding_table(folder).to(dtype)
             embedding = nn.Embedding(*table.shape, _weight=table).requires_grad_(False)
             parts = {"tokenizer": load_tokenizer(str(folder)), "embed_tokens": embedding}
+        sound = json.loads((folder / "model_index.json").read_text()).get("sound_tokenizer")
+        if isinstance(sound, list) and sound[0] is not None and (folder / "sound_tokenizer").is_dir():
+            parts["sound_tokenizer"] = _component(folder, "sound_tokenizer", dtype).requires_grad_(False).eval()
         return cls(_component(folder, "vae", dtype), **parts, **kwargs)
 
     # ---- latents -------------------------------------------------------------------------------------------
@@ -105,10 +117,44 @@ class Cosmos3Codec(Codec):
     def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         return super().encode_images(self._as_video(pixels), generator)
 
-    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        """Videos ``(B, 3, F, H, W)``; the images of 4-D latents (one frame) as ``(B, 3, H, W)``."""
+    def decode_latents(self, latents: Any) -> Any:
+        """Videos ``(B, 3, F, H, W)``; the images of 4-D latents (one frame) as ``(B, 3, H, W)``; a sample with
+        sound as ``{"video": pixels, "audio": waveforms}`` (``decode_audio``)."""
+        if is_multimodal(latents):
+            unknown = set(latents) - {"video", "audio"}
+            if unknown:
+                raise UsageError(f"Cosmos 3 decodes video and audio; the sample also holds {sorted(unknown)}")
+            return {"video": self.decode_latents(latents["video"]), "audio": self.decode_audio(latents["audio"])}
         decoded = super().decode_latents(self._as_video(latents))
         return decoded[:, :, 0] if latents.dim() == 4 else decoded
+
+    # ---- sound ---------------------------------------------------------------------------------------------
+    def _sound(self) -> nn.Module:
+        if self.sound_tokenizer is None:
+            raise UsageError("this Cosmos 3 pipeline folder has no sound_tokenizer: it makes no sound")
+        return self.sound_tokenizer
+
+    @torch.no_grad()
+    def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
+        """Waveforms ``(B, channels, samples)`` at ``sample_rate`` of ``(B, sound_dim, T)`` sound latents: the
+        tokenizer's decoder in its dtype (the pipeline's ``decode_sound``, a batch at once)."""
+        tokenizer = self._sound()
+        dtype = next(tokenizer.parameters()).dtype
+        return tokenizer.decode(latents.to(self.device, dtype))
+
+    @torch.no_grad()
+    def encode_audio(self, waveforms: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``(B, sound_dim, T)`` latents of waveforms ``(B, channels, samples)`` at ``sample_rate``: the
+        tokenizer's posterior mode, or a sample with ``generator`` (it pads to its hop and normalises the volume)."""
+        tokenizer = self._sound()
+        dtype = next(tokenizer.parameters()).dtype
+        posterior = tokenizer.encode(waveforms.to(self.device, dtype)).latent_dist
+        return posterior.mode() if generator is None else posterior.sample(generator=generator)
+
+    @property
+    def sample_rate(self) -> int:
+        """The tokenizer's waveform rate (Hz); 0 without one."""
+        return int(self.sound_tokenizer.config.sampling_rate) if self.sound_tokenizer is not None else 0
 
     # ---- text ----------------------------------------------------------------------------------------------
     def fit_latent_shape(self, shape: Sequence[int]) -> None:
@@ -117,6 +163,8 @@ class Cosmos3Codec(Codec):
         config's temporal / spatial compression ``t`` / ``s`` - which the templates name. ``fastgen sample`` and
         ``encode-data`` call it before encoding prompts."""
         config = self.vae.config
+        if isinstance(shape, Mapping):  # a sample with sound: the video's shape names the templates
+            shape = shape["video"]
         frames = int(shape[1]) if len(shape) == 4 else 1
         self.num_frames = (frames - 1) * int(config.scale_factor_temporal) + 1
         self.height = int(shape[-2]) * int(config.scale_factor_spatial)

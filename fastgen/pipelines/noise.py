@@ -24,7 +24,9 @@ the family's pipeline draws them (``MODALITY_ORDER``), each as above: ``LTX2Pipe
 ``prepare_audio_latents`` (``(B, C_a, T_a, M_a)`` the same way), so generator ``i`` gives sample ``i``'s video and then
 its audio, before packing either. LTX-2 students' re-noising would come from the global generator per modality
 (``LTX2Pipeline`` steps its schedulers without one), which no exported pipeline reproduces (its stochastic sampling
-is refused: ``fastgen.pipelines.schedulers``).
+is refused: ``fastgen.pipelines.schedulers``). ``Cosmos3OmniPipeline`` runs one prompt at a time and its
+``prepare_latents`` draws that sample's vision noise and then its sound noise (``(sound_dim, T)``) from its generator:
+the same order.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ FRAME_MAJOR = ("cogvideox",)
 # families whose pipelines multiply their starting unit noise by the schedule's sigma_max (``prepare_latents``)
 INITIAL_AT_SIGMA_MAX = ("cosmos2",)
 # multimodal families: the order in which their pipelines draw each modality's starting latents
-MODALITY_ORDER = {"ltx2": ("video", "audio")}
+MODALITY_ORDER = {"ltx2": ("video", "audio"), "cosmos3": ("video", "audio")}
 
 
 def seeded(seeds: Sequence[int]) -> list[torch.Generator]:
