@@ -222,6 +222,12 @@ class Cosmos3Transformer(DiffusersBackbone):
         return True
 
     # ---- the contract ---------------------------------------------------------------------------------------
+    #: image / video to video (``fastgen.networks.conditioning_frames``): the pipeline's conditioned latent frames
+    #: are clean tokens without a time embedding (``_apply_timestep_embeds_to_noisy_tokens`` skips them), so the
+    #: time they would be read at does not matter
+    takes_conditioning_frames = True
+    conditioning_time = 0.0
+
     def shard_units(self) -> list[nn.Module]:
         return list(self.model.layers)
 
@@ -351,8 +357,10 @@ class Cosmos3Transformer(DiffusersBackbone):
         video = patches.permute(0, 6, 1, 2, 4, 3, 5).reshape(b, -1, f, rows * p, cols * p)
         return video[..., :height, :width]
 
-    def _call(self, x: Any, c_noise: Any, text: torch.Tensor) -> Any:
+    def _call(self, x: Any, c_noise: Any, text: torch.Tensor, conditioning_frames: int = 0) -> Any:
         video, t_video, audio, t_audio = self._split(x, c_noise)
+        if conditioning_frames:  # per-frame times from DiffusionNet: the sample's time on every generated frame
+            t_video = t_video[:, -1]
         image = video.dim() == 4
         if image:
             video = video.unsqueeze(2)
@@ -366,7 +374,12 @@ class Cosmos3Transformer(DiffusersBackbone):
         tokens, grid = self._patchify(video)
         gen = model.proj_in(tokens)
         dtype = gen.dtype
-        gen = gen + self._time_embedding(t_video, dtype)[:, None]
+        embedded = self._time_embedding(t_video, dtype)[:, None]
+        if conditioning_frames:  # the given frames' tokens carry no time embedding, as the pipeline packs them
+            per_frame = math.prod(grid[1:])
+            noisy = torch.arange(gen.shape[1], device=gen.device) >= conditioning_frames * per_frame
+            embedded = embedded * noisy[None, :, None].to(dtype)
+        gen = gen + embedded
         parts = [gen]
         sound_len = 0
         if audio is not None:

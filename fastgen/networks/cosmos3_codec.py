@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from fastgen.networks.codecs import Codec, _component
+from fastgen.networks.conditioning_frames import encode_given_clips
 from fastgen.networks.cosmos3 import load_tokenizer, prompt_ids
 from fastgen.networks.modalities import is_multimodal
 from fastgen.utils.errors import UsageError
@@ -127,6 +128,22 @@ class Cosmos3Codec(Codec):
             return {"video": self.decode_latents(latents["video"]), "audio": self.decode_audio(latents["audio"])}
         decoded = super().decode_latents(self._as_video(latents))
         return decoded[:, :, 0] if latents.dim() == 4 else decoded
+
+    def conditioning_latents(self, clips: Sequence[torch.Tensor], num_frames: int,
+                             generators: Sequence[torch.Generator] | None = None) -> tuple[torch.Tensor, int]:
+        """Image / video to video (``fastgen.networks.conditioning_frames``) as ``Cosmos3OmniPipeline.prepare_latents``
+        conditions a sample: an image is the first pixel frame, a clip its first ``t + 1`` frames (the call's
+        default ``condition_frame_indexes_vision`` (0, 1) with ``condition_video_keep="first"``; ``t`` the VAE's
+        temporal compression), repeat-padded with the last one to ``num_frames`` and encoded whole to the posterior's
+        mode (``_encode_video``: no generator draw); one latent frame is given for an image, two for a clip."""
+        factor = int(self.vae.config.scale_factor_temporal)
+        padded = []
+        for clip in clips:
+            given = 1 if clip.shape[2] == 1 else 2
+            clip = clip[:, :, : (given - 1) * factor + 1]
+            tail = clip[:, :, -1:].expand(-1, -1, max(num_frames - clip.shape[2], 0), -1, -1)
+            padded.append((torch.cat([clip, tail], dim=2)[:, :, :num_frames], given))
+        return encode_given_clips(self, padded)
 
     # ---- sound ---------------------------------------------------------------------------------------------
     def _sound(self) -> nn.Module:
