@@ -119,6 +119,9 @@ class FastGenModel(nn.Module):
         if not type(self).__dict__.get("supports_conditioning_frames", False):
             raise ConfigError(f"model.conditioning_frames: {type(self).__name__} generates every frame; "
                               "video-to-world training is SFT's and DMD2's")
+        if getattr(config, "modality_shapes", None):
+            raise ConfigError("model.conditioning_frames: a multimodal sample (model.modality_shapes) is given no "
+                              "clean frames; condition the video of a model without sound")
         shape = list(config.input_shape)
         if min(choices) < 0 or len(shape) != 4 or max(choices) >= shape[1]:
             raise ConfigError(f"model.conditioning_frames={getattr(config, 'conditioning_frames')} needs a video "

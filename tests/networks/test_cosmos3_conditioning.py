@@ -106,3 +106,18 @@ def test_sft_trains_with_the_first_frame_given(folder: Path) -> None:
     assert torch.isfinite(losses["total_loss"])
     losses["total_loss"].backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.net.parameters())
+
+
+def test_given_frames_with_sound_are_refused_in_one_line() -> None:
+    """``model.conditioning_frames`` on a multimodal (video + sound) model: a one-line ConfigError."""
+    from fastgen.configs.methods.config_sft import create_config
+    from fastgen.configs.net_cosmos3 import TINY_COSMOS3_SOUND
+    from fastgen.utils.errors import ConfigError
+
+    config = create_config()
+    config.model.net = cosmos3_transformer(TINY_COSMOS3_SOUND, negative_ids=[1, 2], shift=1.0, **SIZES)
+    config.model.input_shape = [1, 3, 8, 8]
+    config.model.modality_shapes = {"video": [1, 3, 8, 8], "audio": [2, 5]}
+    config.model.conditioning_frames = 1
+    with pytest.raises(ConfigError, match="multimodal sample"):
+        instantiate(config.model_class, config=config.model)
