@@ -11,6 +11,7 @@ from torch import nn
 
 from fastgen.configs.instantiate import LazyCall
 from fastgen.networks.diffusion_net import DiffusionNet
+from fastgen.networks.heads import HeadSpec
 from fastgen.networks.noise_schedules import RectifiedFlowScheduler
 
 
@@ -35,7 +36,13 @@ class TwoStream(nn.Module):
             else:
                 cond = [condition.float()]
         both = [x[name].flatten(1) for name in self.shapes]
-        return {name: head(torch.cat([*both, c_noise[name][:, None], *cond], 1)).reshape(x[name].shape)
+        # (B, k C, ...): k = 1, or PDD's k heads of a widened last layer (head-major rows: channel_major)
+        return {name: head(torch.cat([*both, c_noise[name][:, None], *cond], 1)).reshape(b, -1, *x[name].shape[2:])
+                for name, head in self.heads.items()}
+
+    def head_projections(self) -> dict[str, HeadSpec]:
+        """PDD's widened projections (``fastgen.networks.heads``): each stream's last linear layer, its own."""
+        return {name: HeadSpec(f"heads.{name}" if isinstance(head, nn.Linear) else f"heads.{name}.2")
                 for name, head in self.heads.items()}
 
 

@@ -191,6 +191,17 @@ class BaseModelConfig(StrictConfig):
     # guidance_scale), wherever a multimodal model is guided: the teacher's score (DMD2), sampling (Heun, `sample
     # --prompt`) and the diffusers export - e.g. LTX-2's pipeline guides video with 3, audio with {"audio": 7.0}
     modality_guidance_scales: Optional[dict[str, float]] = None
+    # LTX2Pipeline's guidance beyond classifier-free guidance, wherever a multimodal model is guided as above
+    # (fastgen.methods.multimodal.PipelineGuidance; only a network with guidance passes, LTX-2, takes them). Each is a
+    # float for every modality or a {modality: value} dict (a missing modality: off). guidance_rescale: the guided x0
+    # mixed with itself rescaled to the conditional x0's std (Lin et al. 2024, Eq. 16; 0: off, at most 1);
+    # stg_scale: spatio-temporal guidance, + s (x0_cond - x0 with the self-attention of stg_blocks skipped)
+    # (arXiv 2411.18664; 0: off); modality_isolation_scale: + (s - 1) (x0_cond - x0 without the audio-video
+    # cross-attention) (1: off). LTX2Pipeline's defaults: 0.7, 1 at blocks [28] (LTX-2.3), 3
+    guidance_rescale: Union[float, dict[str, float]] = 0.0
+    stg_scale: Union[float, dict[str, float]] = 0.0
+    stg_blocks: list[int] = attrs.field(factory=list)
+    modality_isolation_scale: Union[float, dict[str, float]] = 1.0
     # Video-to-world (fastgen.networks.conditioning_frames; SFT, DMD2): the first latent frames of every training video
     # given clean to the network, which generates the rest (needs a network with a condition mask, e.g. Cosmos
     # Predict2's Video2World); 0: every frame generated; a list: each step draws one of its counts (the same on every

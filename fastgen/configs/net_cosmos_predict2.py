@@ -48,6 +48,13 @@ TINY_COSMOS_PREDICT2: dict[str, Any] = {
     "mlp_ratio": 2.0, "text_embed_dim": 16, "adaln_lora_dim": 8, "max_size": [8, 16, 16], "patch_size": [1, 2, 2],
     "rope_scale": [1.0, 2.0, 2.0], "concat_padding_mask": True, "extra_pos_embed_type": "learnable",
 }
+#: Cosmos Predict2's Video2World architecture for 8-frame 8x16 moving digits in pixel space (one channel and the
+#: condition mask): 4 blocks of 4 heads of 16, MLP ratio 4, 16-wide text (the labels' prompt bank); 307,520 parameters.
+COSMOS_PREDICT2_V2W_MOVING_DIGITS: dict[str, Any] = {
+    "in_channels": 2, "out_channels": 1, "num_attention_heads": 4, "attention_head_dim": 16, "num_layers": 4,
+    "mlp_ratio": 4.0, "text_embed_dim": 16, "adaln_lora_dim": 16, "max_size": [8, 16, 16], "patch_size": [1, 2, 2],
+    "rope_scale": [1.0, 2.0, 2.0], "concat_padding_mask": True, "extra_pos_embed_type": None,
+}
 #: The same as a video-to-world model (a condition-mask channel) without learnable positions.
 TINY_COSMOS_PREDICT2_V2W: dict[str, Any] = {**TINY_COSMOS_PREDICT2, "in_channels": 2, "extra_pos_embed_type": None}
 
@@ -86,6 +93,6 @@ def cosmos_predict2_transformer(config: dict[str, Any], fps: float = 16.0, text_
                                                                    noise_scheduler=cosmos_predict2_schedule())
 
 
-__all__ = ["COSMOS_PREDICT2_14B_T2I", "COSMOS_PREDICT2_14B_V2W", "COSMOS_PREDICT2_2B_T2I", "COSMOS_PREDICT2_2B_V2W",
+__all__ = ["COSMOS_PREDICT2_V2W_MOVING_DIGITS", "COSMOS_PREDICT2_14B_T2I", "COSMOS_PREDICT2_14B_V2W", "COSMOS_PREDICT2_2B_T2I", "COSMOS_PREDICT2_2B_V2W",
            "COSMOS_PREDICT2_LATENTS", "COSMOS_PREDICT2_SIGMAS", "TINY_COSMOS_PREDICT2", "TINY_COSMOS_PREDICT2_V2W",
            "cosmos_predict2_latent_shape", "cosmos_predict2_schedule", "cosmos_predict2_transformer"]

@@ -22,6 +22,7 @@ from fastgen.configs.net_diffusers import qwenimage_shift
 #: diffusers' conversion script, not read from the file: 48 blocks; video 4096 wide (32 heads of 128) over 128-channel
 #: latents, audio 2048 wide (32 heads of 64) over 8 channels x 16 mel bins; Gemma-3-12B's 3840-wide states, projected
 #: by the transformer itself (LTX-2.0). Unsure: ``rope_type`` ("split") and ``cross_attn_timestep_scale_multiplier``.
+#: No ``perturbed_attn`` (LTX-2.0's blocks ignore STG, so ``model.stg_scale`` is refused on it; LTX-2.3's sets it).
 LTX2_19B: dict[str, Any] = {
     "in_channels": 128, "out_channels": 128, "patch_size": 1, "patch_size_t": 1, "num_attention_heads": 32,
     "attention_head_dim": 128, "cross_attention_dim": 4096, "vae_scale_factors": [8, 32, 32], "pos_embed_max_pos": 20,

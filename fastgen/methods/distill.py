@@ -161,13 +161,21 @@ class DistillationModel(FastGenModel):
     def teacher_x0(self, x_t: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None,
                    guidance_scale: float | None = None) -> torch.Tensor:
         """The teacher's ``x0`` estimate, with classifier-free guidance when ``guidance_scale`` is set (a
-        multimodal sample: each modality with its own scale, ``model.modality_guidance_scales``)."""
+        multimodal sample: each modality with its own scale, ``model.modality_guidance_scales``, and with the run's
+        ``PipelineGuidance`` terms - LTX-2's rescale, STG and modality isolation - as ``LTX2Pipeline`` combines them,
+        so that the student learns the guidance the pipeline renders: ``multimodal.pipeline_guided_x0``)."""
         scale = self.config.guidance_scale if guidance_scale is None else guidance_scale
         teacher = self.with_frames(self.teacher)
         if is_multimodal(x_t):  # each modality guided linearly with its scale, in two passes
-            from fastgen.methods.multimodal import guidance_scales, guide
+            from fastgen.methods.multimodal import guidance_scales, guide, pipeline_guidance, pipeline_guided_x0
 
             scales = guidance_scales(self.config, x_t, scale)
+            terms = pipeline_guidance(self.config, list(x_t))
+            if terms is not None:
+                guided = scales is not None and condition is not None and self.num_classes > 0
+                cond = as_one_hot(condition, self.num_classes).to(first_tensor(x_t).dtype) if guided else condition
+                return pipeline_guided_x0(teacher, x_t, t, cond, torch.zeros_like(cond) if guided else None,
+                                          scales if guided else None, terms, batched=False)
             if scales is None or condition is None or self.num_classes <= 0:
                 return teacher(x_t, t, condition=condition, fwd_pred_type="x0")
             cond = as_one_hot(condition, self.num_classes).to(first_tensor(x_t).dtype)

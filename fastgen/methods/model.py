@@ -36,6 +36,7 @@ from torch import nn
 from fastgen.configs.instantiate import instantiate
 from fastgen.distributed.keyed_rng import GLOBAL_NOISE, KeyedNoise, NoiseSource
 from fastgen.networks.diffusion_net import DiffusionNet
+from fastgen.methods.multimodal import guidance_scales, guide, pipeline_guidance, pipeline_guided_x0
 from fastgen.networks.layers import as_one_hot
 from fastgen.networks.modalities import is_multimodal, per_modality
 from fastgen.networks.noise_schedules import NoiseScheduler
@@ -95,12 +96,15 @@ class FastGenModel(nn.Module):
             from fastgen.utils.errors import ConfigError
 
             raise ConfigError(f"model.modality_shapes: {type(self).__name__} trains samples of one modality; the "
-                              "multimodal methods are SFT and DMD2")
+                              "multimodal methods are SFT, DMD2 and PDD")
         if getattr(config, "modality_guidance_scales", None) and not getattr(config, "modality_shapes", None):
             from fastgen.utils.errors import ConfigError
 
             raise ConfigError("model.modality_guidance_scales: the model samples one modality (no "
                               "model.modality_shapes); its guidance is model.guidance_scale")
+        from fastgen.methods.multimodal import check_pipeline_guidance
+
+        check_pipeline_guidance(config, self.net)  # LTX2Pipeline's rescale / STG / isolation: LTX-2 networks only
         self._check_conditioning_frames(config)
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.schedulers: dict[str, Any] = {}
@@ -365,12 +369,22 @@ class FastGenModel(nn.Module):
     def flow_fn(self, net: nn.Module, condition: torch.Tensor | None, guidance_scale: float | None = None):
         """``(x, t) -> dx/dt``, with classifier-free guidance ``u + s (c - u)`` (Ho & Salimans 2022, Eq. 6)
         when ``guidance_scale`` is set and the model is conditional; a multimodal sample's modalities each with
-        their own scale (``model.modality_guidance_scales``, else ``guidance_scale``: ``methods.multimodal``)."""
+        their own scale (``model.modality_guidance_scales``, else ``guidance_scale``: ``methods.multimodal``) and,
+        with the run's ``PipelineGuidance`` terms (LTX-2's rescale, STG, modality isolation), combined as
+        ``LTX2Pipeline`` does on the denoised estimates (``pipeline_guided_x0``), then converted to the flow."""
 
         def flow(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            if is_multimodal(x):
+                terms = pipeline_guidance(self.config, list(x))
+                if terms is not None:
+                    cond = None if condition is None else as_one_hot(condition, self.num_classes)
+                    scales = None if cond is None else guidance_scales(self.config, x, guidance_scale)
+                    uncond = None if scales is None else torch.zeros_like(cond)
+                    x0 = pipeline_guided_x0(net, x, t, cond, uncond, scales, terms, batched=False)
+                    schedule = net.noise_scheduler
+                    return {m: schedule.convert(x0[m], x[m], t[m] if is_multimodal(t) else t, "x0", "flow")
+                            for m in x0}
             if is_multimodal(x) and condition is not None:
-                from fastgen.methods.multimodal import guidance_scales, guide
-
                 scales = guidance_scales(self.config, x, guidance_scale)
                 if scales is not None:
                     cond = as_one_hot(condition, self.num_classes)

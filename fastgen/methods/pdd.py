@@ -21,6 +21,19 @@ is distilled through the same ODE it samples, reparametrised.
   ``[s, e)`` is one evaluation at ``x_s`` with the heads fused into ``sum_j w_j v_j``,
   ``w_j = (t_{j+1} - t_j) / (t_e - t_s)``, then ``x_e = x_s + (t_e - t_s) v``. Blocks of one interval are the
   per-interval Euler steps; one block of all ``N`` is a one-evaluation sampler - from one trained student.
+
+Multimodal samples (``model.modality_shapes``, ``fastgen.networks.modalities``; LTX-2's video and audio): the
+backbone names one output projection per stream (``head_projections()``) and each is widened into its own ``N``
+heads, copies of the teacher's projection of that stream. The streams share the one grid and one time per sample
+(``x_n`` of every modality at ``t_n``, as ``LTX2Pipeline`` samples both streams at one time), so everything above
+holds per modality: the student's self-integration to ``x̄_k``, the teacher's (guided, per-modality scale
+``model.modality_guidance_scales`` else ``model.guidance_scale``: ``fastgen.methods.multimodal.guide``) velocity
+target at ``(x̄_k, t_k)`` for every stream from one teacher evaluation of the dict, and the regression of each
+stream's head ``k``; the loss is ``sum_m w_m L_m`` (``combine_losses``: ``model.modality_loss_weights``, each
+``L_m`` logged as ``pdd_loss_<m>``). One fused pass fuses every stream's heads with the same block weights, so a
+block is one Euler step of the whole dict, and ``--to diffusers`` exports every stream's fused projections
+(``fastgen.pipelines.pdd_blocks``). Not supported, refused in one line: independent per-modality times
+(``model.modality_times = "independent"``: the heads are tied to one grid shared by the streams).
 """
 
 from __future__ import annotations
@@ -33,8 +46,10 @@ from torch import nn
 from fastgen.distributed.keyed_rng import RandomSource
 from fastgen.methods.cm_utils import map_state
 from fastgen.methods.distill import DistillationModel
-from fastgen.networks.heads import fuse_heads, head_projection_of, widen_output, widen_state_dict
-from fastgen.networks.noise_schedules import RectifiedFlowScheduler, expand_like
+from fastgen.methods.multimodal import check_modalities, combine_losses
+from fastgen.networks.heads import fuse_heads, head_projections_of, widen_outputs, widen_state_dict
+from fastgen.networks.modalities import Sample, batch_size, first_tensor, is_multimodal, per_modality
+from fastgen.networks.noise_schedules import NoiseScheduler, RectifiedFlowScheduler, expand_like
 from fastgen.utils.errors import ConfigError
 
 RF = RectifiedFlowScheduler()
@@ -69,8 +84,12 @@ def even_blocks(intervals: int, steps: int) -> list[int]:
 
 class PDDModel(DistillationModel):
     student_sampler = "pdd"
+    supports_modalities = True  # per-modality heads, targets and losses on one shared grid (module docstring)
 
     def __init__(self, config: Any) -> None:
+        if getattr(config, "modality_shapes", None) and getattr(config, "modality_times", "shared") != "shared":
+            raise ConfigError("model.modality_times='independent': PDD's heads sit on one time grid shared by the "
+                              "modalities; use 'shared'")
         if config.t_list:
             raise ConfigError("model.t_list is not used by PDD: its student samples with model.inference_blocks "
                               "(or `fastgen sample --steps`)")
@@ -103,11 +122,12 @@ class PDDModel(DistillationModel):
         return float(t_rf)
 
     def adapt_net(self, net: nn.Module) -> None:
-        """Widen the student's output projection into ``grid_size`` heads, storing the grid with them."""
+        """Widen the student's output projection - each modality's, for a multimodal backbone - into ``grid_size``
+        heads, storing the grid with them."""
         grid = shifted_grid(int(self.config.grid_size), float(self.config.grid_shift),
                             self.grid_max_t(net.noise_scheduler))
         self._grid = grid
-        widen_output(net, int(self.config.grid_size), grid)
+        widen_outputs(net, int(self.config.grid_size), grid)
 
     @property
     def grid(self) -> torch.Tensor:
@@ -132,16 +152,32 @@ class PDDModel(DistillationModel):
             x = x.unsqueeze(1)
         return (x - x0) / expand_like(t, x0)
 
-    def student_velocity(self, net: nn.Module, x: torch.Tensor, t: torch.Tensor,
-                         condition: torch.Tensor | None) -> torch.Tensor:
-        """``net``'s RF velocity at ``(x, t)``: ``(B, N, ...)`` with all heads, or ``(B, ...)`` inside ``fuse_heads``."""
-        xs, ts = map_state(RF, net.noise_scheduler, x, t)
-        return self._rf_velocity(x, t, net(xs, ts, condition=condition, fwd_pred_type="x0"))
+    @staticmethod
+    def _to_schedule(scheduler: NoiseScheduler, x: Sample, t: torch.Tensor) -> tuple[Sample, torch.Tensor]:
+        """The RF state ``(x, t)`` in ``scheduler``'s coordinates; a multimodal ``x`` keeps its one shared time
+        (the mapped time depends on ``t`` only). Any rectified-flow schedule *is* RF coordinates (``alpha = 1 - t``,
+        ``sigma = t``; its logit-normal training times and sampling shift do not change the state): mapping through
+        the noise-to-signal ratio there would clamp it at ``t = 1`` and evaluate the network at ``1 - 1e-4`` on
+        rescaled noise, which the diffusers pipeline the student is exported to does not do."""
+        if isinstance(scheduler, RectifiedFlowScheduler):
+            return x, t
+        if not is_multimodal(x):
+            return map_state(RF, scheduler, x, t)
+        mapped = {name: map_state(RF, scheduler, v, t) for name, v in x.items()}
+        return {name: m[0] for name, m in mapped.items()}, next(iter(mapped.values()))[1]
 
-    def teacher_velocity(self, x: torch.Tensor, t: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
-        """The teacher's (guided, ``model.guidance_scale``) RF velocity at ``(x, t)``."""
-        xs, ts = map_state(RF, self.teacher.noise_scheduler, x, t)
-        return self._rf_velocity(x, t, self.teacher_x0(xs, ts, condition))
+    def student_velocity(self, net: nn.Module, x: Sample, t: torch.Tensor, condition: torch.Tensor | None) -> Sample:
+        """``net``'s RF velocity at ``(x, t)``: ``(B, N, ...)`` with all heads, or ``(B, ...)`` inside ``fuse_heads``
+        (per modality for a multimodal ``x``)."""
+        xs, ts = self._to_schedule(net.noise_scheduler, x, t)
+        x0 = net(xs, ts, condition=condition, fwd_pred_type="x0")
+        return per_modality(lambda a, b: self._rf_velocity(a, t, b), x, x0)
+
+    def teacher_velocity(self, x: Sample, t: torch.Tensor, condition: torch.Tensor | None) -> Sample:
+        """The teacher's (guided: ``model.guidance_scale``, per modality ``model.modality_guidance_scales``) RF
+        velocity at ``(x, t)``."""
+        xs, ts = self._to_schedule(self.teacher.noise_scheduler, x, t)
+        return per_modality(lambda a, b: self._rf_velocity(a, t, b), x, self.teacher_x0(xs, ts, condition))
 
     # ---- the step ----------------------------------------------------------------------------------------------
     def draw_intervals(self, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,56 +191,68 @@ class PDDModel(DistillationModel):
         return n, k
 
     def single_train_step(self, data: dict[str, Any], iteration: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        real = data["real"].to(self.precision)
+        real = per_modality(lambda x: x.to(self.precision), data["real"])
+        if is_multimodal(real):
+            check_modalities(self.config, real)
         condition = self.condition_of(data)
-        batch, device = real.shape[0], real.device
+        like = first_tensor(real)
+        batch, device, dtype = batch_size(real), like.device, like.dtype
         grid = self.grid.to(device=device, dtype=torch.float32)
         n, k = self.draw_intervals(batch, device)
-        t_n = grid[n].to(real.dtype)
-        eps = self.rng.randn_like(real)
-        x_n = RF.add_noise(real, eps, t_n)
-        heads = self.student_velocity(self.net, x_n, t_n, condition)  # (B, N, ...)
+        t_n = grid[n].to(dtype)  # one time per sample, shared by its modalities
+        eps = per_modality(self.rng.randn_like, real)
+        x_n = per_modality(lambda x0, e: RF.add_noise(x0, e, t_n), real, eps)
+        heads = self.student_velocity(self.net, x_n, t_n, condition)  # (B, N, ...) per modality
         rows = torch.arange(batch, device=device)
         with torch.no_grad():
-            steps = (grid[1:] - grid[:-1]).to(real.dtype)
+            steps = (grid[1:] - grid[:-1]).to(dtype)
             index = torch.arange(int(self.config.grid_size), device=device)
-            take = ((index >= n[:, None]) & (index < k[:, None])).to(real.dtype) * steps  # (B, N)
-            x_k = x_n + torch.einsum("bj,bj...->b...", take, heads.detach())
-            t_k = grid[k].to(real.dtype)
+            take = ((index >= n[:, None]) & (index < k[:, None])).to(dtype) * steps  # (B, N)
+            # x̄_k = x_n + sum_{j=n}^{k-1} (t_{j+1} - t_j) v_j(x_n), every modality with its own heads
+            x_k = per_modality(lambda x, h: x + torch.einsum("bj,bj...->b...", take, h.detach()), x_n, heads)
+            t_k = grid[k].to(dtype)
             target = self.teacher_velocity(x_k, t_k, condition)
             if self.config.teacher_integrator == "midpoint":
-                half = (grid[k + 1] - grid[k]).to(real.dtype) / 2
-                target = self.teacher_velocity(x_k + expand_like(half, x_k) * target, t_k + half, condition)
-        pred = heads[rows, k]
-        loss = (pred.float() - target.float()).square().mean()
+                half = (grid[k + 1] - grid[k]).to(dtype) / 2
+                x_mid = per_modality(lambda x, v: x + expand_like(half, x) * v, x_k, target)
+                target = self.teacher_velocity(x_mid, t_k + half, condition)
+        pred = per_modality(lambda h: h[rows, k], heads)
+        logged: dict[str, torch.Tensor] = {}
+        if is_multimodal(pred):  # sum_m w_m L_m (fastgen.methods.multimodal.combine_losses)
+            losses = {name: (pred[name].float() - target[name].float()).square().mean() for name in pred}
+            loss, logged = combine_losses(self.config, losses, "pdd_loss")
+        else:
+            loss = (pred.float() - target.float()).square().mean()
         with torch.no_grad():
             span = (k - n).float().mean()
-        loss_dict = {"total_loss": loss, "pdd_loss": loss.detach(), "pdd_target_span": span}
-        return loss_dict, {"generated": x_k.detach(), "target": target}
+        loss_dict = {"total_loss": loss, "pdd_loss": loss.detach(), "pdd_target_span": span, **logged}
+        return loss_dict, {"generated": per_modality(lambda x: x.detach(), x_k), "target": target}
 
     # ---- sampling ----------------------------------------------------------------------------------------------
-    def generate(self, net: nn.Module, noise: torch.Tensor, condition: torch.Tensor | None,
+    def generate(self, net: nn.Module, noise: Sample, condition: torch.Tensor | None,
                  times: list[float] | None = None, generator: RandomSource = None,
-                 blocks: list[int] | None = None) -> torch.Tensor:
-        """The fused-block sampler from prior ``noise`` (``x_{t_max}`` of the student's schedule): one evaluation
-        per block of ``blocks`` (default ``model.inference_blocks``, else one block per interval)."""
+                 blocks: list[int] | None = None) -> Sample:
+        """The fused-block sampler from prior ``noise`` (``x_{t_max}`` of the student's schedule; a dict of
+        modalities for a multimodal model, all at the block's one time): one evaluation per block of ``blocks``
+        (default ``model.inference_blocks``, else one block per interval)."""
         if times is not None:
             raise ValueError("a PDD student samples on its grid: pass blocks, not times")
         blocks = self.check_blocks(list(blocks), "blocks") if blocks else self.sampling_blocks()
-        if head_projection_of(net) is None:
+        if not head_projections_of(net):
             raise ValueError("PDD samples with the student (its widened heads); the teacher samples with Heun")
         grid64 = self.grid
-        grid = grid64.to(device=noise.device, dtype=noise.dtype)
+        like = first_tensor(noise)
+        grid = grid64.to(device=like.device, dtype=like.dtype)
         scheduler = net.noise_scheduler
-        eps = noise / scheduler.sigma(torch.tensor(float(scheduler.t_max), dtype=torch.float64)).to(noise)
-        x = grid[0] * eps
-        batch, start = noise.shape[0], 0
+        sigma_max = scheduler.sigma(torch.tensor(float(scheduler.t_max), dtype=torch.float64))
+        x = per_modality(lambda z: grid[0] * (z / sigma_max.to(z)), noise)
+        batch, start = batch_size(noise), 0
         for size in blocks:
             end = start + size
             t = grid[start].expand(batch)
             with fuse_heads(net, fusion_weights(grid64, start, end)):
                 v = self.student_velocity(net, x, t, condition)
-            x = x + (grid[end] - grid[start]) * v
+            x = per_modality(lambda a, b: a + (grid[end] - grid[start]) * b, x, v)  # x_e = x_s + (t_e - t_s) v
             start = end
         return x
 

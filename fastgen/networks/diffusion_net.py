@@ -20,7 +20,9 @@ frames themselves (as ``Cosmos2VideoToWorldPipeline`` replaces the model's outpu
 A multimodal backbone (``fastgen.networks.modalities``: LTX-2's video and audio streams) takes and returns a dict
 of modalities; ``x_t`` is then that dict and ``t`` one ``(B,)`` tensor shared by the modalities or a dict of them.
 Each modality is preconditioned with its own time, the backbone sees the dicts of inputs and ``c_noise`` values
-and returns one prediction per modality, and the forward returns the dict of (converted) predictions.
+and returns one prediction per modality, and the forward returns the dict of (converted) predictions. A modality
+whose output projection was widened into ``k`` heads (PDD, ``head_projections()``) returns ``k`` times its
+channels and its prediction is ``(B, k, C, ...)``, each head preconditioned as the single one would be.
 """
 
 from __future__ import annotations
@@ -146,10 +148,17 @@ class DiffusionNet(nn.Module):
         pred = {}
         for name, x in x_t.items():
             c_skip, c_out = coefficients[name][0], coefficients[name][1]
-            pred[name] = expand_like(c_skip, x) * x + expand_like(c_out, x) * out[name].to(x.dtype)
+            raw, time = out[name], times[name]
+            heads = _head_count(raw, x)
+            if heads > 1:  # this stream's widened projection (PDD, fastgen.networks.heads): one prediction per head
+                raw = raw.unflatten(1, (heads, x.shape[1])).flatten(0, 1)
+                x, time = x.repeat_interleave(heads, 0), time.repeat_interleave(heads, 0)
+                c_skip, c_out = c_skip.repeat_interleave(heads, 0), c_out.repeat_interleave(heads, 0)
+            pred[name] = expand_like(c_skip, x) * x + expand_like(c_out, x) * raw.to(x.dtype)
             if fwd_pred_type is not None and fwd_pred_type != self.native_pred_type:
-                pred[name] = self.noise_scheduler.convert(pred[name], x, times[name], self.native_pred_type,
-                                                          fwd_pred_type)
+                pred[name] = self.noise_scheduler.convert(pred[name], x, time, self.native_pred_type, fwd_pred_type)
+            if heads > 1:
+                pred[name] = pred[name].unflatten(0, (-1, heads))
         return contract_output(pred, features)
 
 

@@ -26,6 +26,12 @@ Layouts. Where the extra heads sit in the widened output decides what the code a
 A backbone names its projection and layout with ``head_projection() -> HeadSpec``; the code after the projection
 must take its channel count from the tensor (``DiT.unpatchify`` does), and ``DiffusionNet`` splits a ``heads * C``
 output into ``(B, heads, C, ...)`` predictions.
+
+Multimodal backbones (``fastgen.networks.modalities``; LTX-2's video and audio streams) have one output projection
+per stream and name them with ``head_projections() -> {modality: HeadSpec}``. Every one is widened into the same
+``N`` heads on the same grid (the streams of a sample share one time, as ``LTX2Pipeline`` samples them), and
+``fuse_heads`` fuses all of them with the same weights, so one fused pass is the block's Euler step for every
+stream. A head is never shared between streams: each stream's projection keeps its own rows.
 """
 
 from __future__ import annotations
@@ -177,11 +183,35 @@ class HeadProjection(nn.Module):
 
 
 # ---- whole networks ------------------------------------------------------------------------------------------
+def is_multi_head(net: nn.Module) -> bool:
+    """Whether ``net``'s backbone names one output projection per modality (``head_projections()``)."""
+    return callable(getattr(getattr(net, "backbone", net), "head_projections", None))
+
+
+def head_specs(net: nn.Module) -> dict[str | None, HeadSpec]:
+    """Every output projection of ``net``: ``{modality: HeadSpec}`` for a multimodal backbone
+    (``head_projections()``), else ``{None: head_spec(net)}``. A one-line error for a backbone that names none."""
+    backbone = getattr(net, "backbone", net)
+    specs_fn = getattr(backbone, "head_projections", None)
+    if callable(specs_fn):
+        specs = dict(specs_fn())
+        paths = [spec.path for spec in specs.values()]
+        if not specs or len(set(paths)) != len(paths):  # one head shared by two streams would mix their rows
+            raise ValueError(f"{type(backbone).__name__}.head_projections() must name one distinct projection per "
+                             f"modality, got {paths}")
+        return specs
+    return {None: head_spec(net)}
+
+
 def head_spec(net: nn.Module) -> HeadSpec:
-    """The ``HeadSpec`` of ``net`` (a ``DiffusionNet`` or a backbone); a one-line error for a backbone without one."""
+    """The ``HeadSpec`` of ``net`` (a ``DiffusionNet`` or a backbone); a one-line error for a backbone without one
+    or with one per modality (``head_specs``)."""
     backbone = getattr(net, "backbone", net)
     spec_fn = getattr(backbone, "head_projection", None)
     if spec_fn is None:
+        if is_multi_head(net):
+            raise ValueError(f"{type(backbone).__name__} has one output projection per modality (head_projections()); "
+                             "this operation takes a network with a single one")
         raise ValueError(f"{type(backbone).__name__} does not name its output projection (head_projection()); "
                          "PDD needs it to widen the output into one head per interval")
     return spec_fn()
@@ -192,16 +222,24 @@ def _prefix(net: nn.Module) -> str:
 
 
 def head_projection_of(net: nn.Module) -> HeadProjection | None:
-    """``net``'s widened projection, or None when it has not been widened."""
+    """``net``'s widened projection, or None when it has not been widened (a single-projection network; see
+    ``head_projections_of`` for one per modality)."""
     module = net.get_submodule(_prefix(net) + head_spec(net).path)
     return module if isinstance(module, HeadProjection) else None
 
 
-def widen_output(net: nn.Module, heads: int, grid: torch.Tensor | None = None) -> HeadProjection:
-    """Replace ``net``'s output projection with ``heads`` copies of it (in place) and return the new layer;
-    ``grid`` (``heads + 1`` times) is stored with it. Widening a network that already has that many heads returns
-    its projection unchanged."""
-    spec = head_spec(net)
+def head_projections_of(net: nn.Module) -> dict[str | None, HeadProjection]:
+    """``net``'s widened projections by modality (``None``: a single-projection network); empty when none has been
+    widened."""
+    found = {}
+    for name, spec in head_specs(net).items():
+        module = net.get_submodule(_prefix(net) + spec.path)
+        if isinstance(module, HeadProjection):
+            found[name] = module
+    return found
+
+
+def _widen_one(net: nn.Module, spec: HeadSpec, heads: int, grid: torch.Tensor | None) -> HeadProjection:
     path = _prefix(net) + spec.path
     current = net.get_submodule(path)
     if isinstance(current, HeadProjection):
@@ -214,32 +252,47 @@ def widen_output(net: nn.Module, heads: int, grid: torch.Tensor | None = None) -
     return widened
 
 
+def widen_output(net: nn.Module, heads: int, grid: torch.Tensor | None = None) -> HeadProjection:
+    """Replace ``net``'s output projection with ``heads`` copies of it (in place) and return the new layer;
+    ``grid`` (``heads + 1`` times) is stored with it. Widening a network that already has that many heads returns
+    its projection unchanged. A multimodal backbone: ``widen_outputs``."""
+    return _widen_one(net, head_spec(net), heads, grid)
+
+
+def widen_outputs(net: nn.Module, heads: int, grid: torch.Tensor | None = None) -> dict[str | None, HeadProjection]:
+    """``widen_output`` for every projection of ``head_specs(net)``: each modality's own projection widened into
+    ``heads`` copies of itself, all on the same ``grid`` (module docstring)."""
+    return {name: _widen_one(net, spec, heads, grid) for name, spec in head_specs(net).items()}
+
+
 def widen_state_dict(state: Mapping[str, torch.Tensor], net: nn.Module) -> dict[str, torch.Tensor]:
-    """A state dict of ``net``'s base (unwidened) architecture - a teacher's - with the output projection's weight
-    and bias repeated into every head of ``net``'s widened projection; tensors already widened pass unchanged."""
-    projection = head_projection_of(net)
+    """A state dict of ``net``'s base (unwidened) architecture - a teacher's - with each output projection's weight
+    and bias repeated into every head of ``net``'s widened projection (every modality's, for a multimodal
+    backbone); tensors already widened pass unchanged."""
     out = dict(state)
-    if projection is None:
-        return out
-    key = _prefix(net) + projection.spec.path
-    for name in ("weight", "bias"):
-        tensor = out.get(f"{key}.{name}")
-        if tensor is not None and tensor.shape[0] == projection.base_out:
-            out[f"{key}.{name}"] = projection.widen(tensor)
-    if projection.expected_grid is not None:
-        out.setdefault(f"{key}.grid", torch.tensor(projection.expected_grid, dtype=torch.float64))
+    for projection in head_projections_of(net).values():
+        key = _prefix(net) + projection.spec.path
+        for name in ("weight", "bias"):
+            tensor = out.get(f"{key}.{name}")
+            if tensor is not None and tensor.shape[0] == projection.base_out:
+                out[f"{key}.{name}"] = projection.widen(tensor)
+        if projection.expected_grid is not None:
+            out.setdefault(f"{key}.grid", torch.tensor(projection.expected_grid, dtype=torch.float64))
     return out
 
 
 @contextlib.contextmanager
 def fuse_heads(net: nn.Module, coefficients: torch.Tensor) -> Iterator[None]:
-    """Within the context ``net`` computes ``sum_h coefficients[h] * head_h`` at the base width in one pass."""
-    projection = head_projection_of(net)
-    if projection is None:
+    """Within the context ``net`` computes ``sum_h coefficients[h] * head_h`` at the base width in one pass (every
+    modality's projection with the same coefficients: the streams share the grid)."""
+    projections = list(head_projections_of(net).values())
+    if not projections:
         raise ValueError(f"{type(net).__name__} has no widened output projection (fastgen.networks.heads.widen_output)")
-    with projection.fused(coefficients):
+    with contextlib.ExitStack() as stack:
+        for projection in projections:
+            stack.enter_context(projection.fused(coefficients))
         yield
 
 
-__all__ = ["HeadProjection", "HeadSpec", "fuse_heads", "head_projection_of", "head_spec", "widen_output",
-           "widen_state_dict"]
+__all__ = ["HeadProjection", "HeadSpec", "fuse_heads", "head_projection_of", "head_projections_of", "head_spec",
+           "head_specs", "is_multi_head", "widen_output", "widen_outputs", "widen_state_dict"]

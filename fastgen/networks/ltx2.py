@@ -35,21 +35,30 @@ What the backbone is given (``DiffusionNet``'s multimodal forward) and what it h
 * ``feature_indices``: the chosen blocks' **video** tokens as ``(B, D, F' h, w)`` maps (frames stacked along the
   height), for discriminator heads.
 
-Guidance is plain ``u + s (c - u)`` per stream, each with its own scale (the pipeline's ``guidance_scale`` for
-video, ``audio_guidance_scale`` for audio: ``model.guidance_scale`` and ``model.modality_guidance_scales``;
-``guidance_rescale = 0``); its STG and modality-isolation guidance are not reproduced.
-A widened output projection (PDD's heads, ``fastgen.networks.heads``) is not offered: one projection per stream
-does not fit the one-projection ``HeadSpec``, so ``head_projection`` is absent and PDD refuses the network in one
-line. Shard units (FSDP, activation checkpointing, ``torch.compile``): every transformer block.
+Guidance is ``LTX2Pipeline``'s per stream (``fastgen.methods.multimodal.pipeline_guided_x0``): classifier-free
+guidance with each stream's scale (``guidance_scale`` / ``audio_guidance_scale``: ``model.guidance_scale`` and
+``model.modality_guidance_scales``), spatio-temporal guidance (STG, Hyung et al. 2024, arXiv 2411.18664: the
+self-attention of ``model.stg_blocks`` skipped, ``model.stg_scale``), modality-isolation guidance (the audio-to-video
+and video-to-audio attention off, ``model.modality_isolation_scale``) and the guidance rescale of Lin et al. 2024
+(``model.guidance_rescale``), all on the denoised estimates. ``perturbed`` is how those extra passes call the model
+(its ``spatio_temporal_guidance_blocks`` / ``isolate_modalities``); the plain call passes neither.
+PDD's widened heads (``fastgen.networks.heads``): one per stream, ``head_projections()`` - video ``proj_out``
+(rows per token ``(channel, p_t, p, p)``, as ``pack_video`` packs them) and audio ``audio_proj_out`` (rows
+``(channel, mel bin)``), both channel major, so the unpacking below reads ``heads * C`` channels head-major; there
+is no single ``head_projection``. Shard units (FSDP, activation checkpointing, ``torch.compile``): every
+transformer block.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from fastgen.networks.diffusers_nets import DiffusersBackbone, _tokens_to_map
+from fastgen.networks.heads import HeadSpec
 from fastgen.networks.modalities import is_multimodal
 from fastgen.utils.errors import UsageError
 
@@ -109,6 +118,33 @@ class LTX2Transformer(DiffusersBackbone):
         self.video_text_dim = self.stream_text_widths(config)[0]
         self.fps = float(fps)
         self.use_cross_timestep = bool(use_cross_timestep)
+        self._perturbation: dict[str, Any] = {}  # set only inside ``perturbed``
+
+    @contextmanager
+    def perturbed(self, stg_blocks: Sequence[int] = (), isolate_modalities: bool = False) -> Iterator[None]:
+        """Calls inside are ``LTX2Pipeline``'s extra guidance passes. ``stg_blocks``: the model's
+        ``spatio_temporal_guidance_blocks``, whose self-attention returns its values (STG, arXiv 2411.18664; only a
+        model built with ``perturbed_attn``, LTX-2.3's config, reads them: ``check_stg_blocks``). ``isolate_modalities``:
+        no audio-to-video / video-to-audio attention (modality-isolation guidance)."""
+        before = self._perturbation
+        self._perturbation = {"spatio_temporal_guidance_blocks": [int(b) for b in stg_blocks] or None,
+                              "isolate_modalities": bool(isolate_modalities)}
+        try:
+            yield
+        finally:
+            self._perturbation = before
+
+    def check_stg_blocks(self, blocks: Sequence[int]) -> str | None:
+        """Why STG at ``blocks`` would do nothing (one line), or ``None``: diffusers' blocks read the perturbation
+        only with ``perturbed_attn`` (LTX-2.3; LTX-2.0's config lacks it and its STG pass equals the conditional one),
+        and the blocks must exist."""
+        if not getattr(self.model.config, "perturbed_attn", False):
+            return ("the network's config has no perturbed_attn (LTX-2.0's): its blocks ignore STG, so the pass would "
+                    "equal the conditional one; LTX-2.3's config sets perturbed_attn")
+        count = len(self.model.transformer_blocks)
+        if not blocks or any(not 0 <= int(b) < count for b in blocks):
+            return f"model.stg_blocks {list(blocks)} must name blocks 0..{count - 1}"
+        return None
 
     @staticmethod
     def stream_text_widths(config: dict[str, Any]) -> tuple[int, int]:
@@ -125,6 +161,11 @@ class LTX2Transformer(DiffusersBackbone):
 
     def shard_units(self) -> list[torch.nn.Module]:
         return list(self.model.transformer_blocks)
+
+    def head_projections(self) -> dict[str, HeadSpec]:
+        """PDD's widened projections, one per stream (module docstring): ``unpack_video`` / ``unpack_audio`` take the
+        channel count from the tokens, so a widened projection's ``heads * C`` channels come out head-major."""
+        return {"video": HeadSpec("model.proj_out"), "audio": HeadSpec("model.audio_proj_out")}
 
     @staticmethod
     def text_mask(text: torch.Tensor) -> torch.Tensor:
@@ -171,7 +212,7 @@ class LTX2Transformer(DiffusersBackbone):
             timestep=t_video, audio_timestep=t_audio, sigma=t_video, audio_sigma=t_audio,
             encoder_attention_mask=mask, audio_encoder_attention_mask=mask, num_frames=frames, height=height,
             width=width, fps=self.fps, audio_num_frames=audio.shape[2], use_cross_timestep=self.use_cross_timestep,
-            return_dict=False,
+            return_dict=False, **self._perturbation,
         )
         return {"video": unpack_video(out_video, frames // p_t, height // p, width // p, p, p_t),
                 "audio": unpack_audio(out_audio, audio.shape[3])}

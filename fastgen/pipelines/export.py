@@ -12,7 +12,8 @@ The folder is the teacher's pipeline folder (the run's ``model.pretrained_model_
   call ``torch.manual_seed(seed)`` first: that pipeline re-noises from torch's global generator);
 * ``README.md``, a model card with the command, the sampling and the run's (redacted) config;
 * for a PDD student, block 0's fused projection in the network and ``pdd_blocks.safetensors`` with every block's,
-  loaded step by step by ``fastgen.pipelines.pdd_blocks.PDDBlockWeights`` (``callback_on_step_end``).
+  loaded step by step by ``fastgen.pipelines.pdd_blocks.PDDBlockWeights`` (``callback_on_step_end``) - every
+  stream's projection for a multimodal student (LTX-2's video and audio).
 
 The other components (VAE, text encoders, tokenizers) are hard-linked from the weights folder when it is on the
 same file system, else copied. The folder is built beside ``OUT`` and renamed onto it when complete: a failure
@@ -21,6 +22,7 @@ leaves nothing at ``OUT``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -102,7 +104,7 @@ def export_diffusers(src: str, out: str, only: str | None = None, weights: str |
     from fastgen.configs.config_utils import config_to_yaml
     from fastgen.networks.codecs import codec_family, quiet_libraries
     from fastgen.networks.diffusers_nets import DiffusersBackbone
-    from fastgen.networks.heads import head_spec
+    from fastgen.networks.heads import head_projections_of
     from fastgen.pipelines.pdd_blocks import BLOCKS_FILE, base_projection, fused_blocks, write_blocks
     from fastgen.pipelines.schedulers import diffusers_sampling, plan_of
     from fastgen.utils.lora_utils import is_adapted, merge_lora
@@ -167,11 +169,19 @@ def export_diffusers(src: str, out: str, only: str | None = None, weights: str |
             _link_or_copy(entry, staging / entry.name)
         with quiet_libraries():  # diffusers' own progress bars stay out of fastgen's output
             if pdd:  # block 0 in the network itself, every block's projection beside it (pdd_blocks)
-                fused = fused_blocks(net, model.grid, blocks)
-                with base_projection(net, fused[0]):
+                # one projection, or one per stream of a multimodal student (LTX-2's video and audio)
+                projections = head_projections_of(net)
+                fused = {name: fused_blocks(net, model.grid, blocks, projection)
+                         for name, projection in projections.items()}
+                paths = {name: projection.spec.path.removeprefix("model.") for name, projection in projections.items()}
+                with contextlib.ExitStack() as stack:
+                    for name, projection in projections.items():
+                        stack.enter_context(base_projection(net, fused[name][0], projection))
                     backbone.model.save_pretrained(staging / subfolder, safe_serialization=True)
-                write_blocks(staging / BLOCKS_FILE, fused, subfolder, head_spec(net).path.removeprefix("model."),
-                             blocks, list(plan.times))
+                if None in projections:
+                    write_blocks(staging / BLOCKS_FILE, fused[None], subfolder, paths[None], blocks, list(plan.times))
+                else:
+                    write_blocks(staging / BLOCKS_FILE, fused, subfolder, paths, blocks, list(plan.times))
             else:
                 backbone.model.save_pretrained(staging / subfolder, safe_serialization=True)
             sampling.scheduler.save_pretrained(staging / "scheduler")

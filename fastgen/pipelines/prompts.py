@@ -13,8 +13,9 @@ floating-point order.
 A multimodal network (LTX-2: ``{"video", "audio"}`` latents, ``fastgen.networks.modalities``) samples the same way:
 each modality's starting latents drawn as its pipeline draws them (``PipelineNoise``: per prompt, all videos, then
 all audio), every modality on the same grid and guided with its own scale (``SamplingPlan.scale``: LTX2Pipeline's
-``guidance_scale`` for video, ``audio_guidance_scale`` for audio; its guidance rescale, STG and modality-isolation
-guidance are not sampled), and decoded by the codec - video by the video VAE, audio by the audio VAE and the vocoder
+``guidance_scale`` for video, ``audio_guidance_scale`` for audio) and the run's guidance rescale, STG and
+modality-isolation guidance (``SamplingPlan.extra``: ``model.guidance_rescale``, ``model.stg_scale`` /
+``model.stg_blocks``, ``model.modality_isolation_scale``) as the pipeline combines them, and decoded by the codec - video by the video VAE, audio by the audio VAE and the vocoder
 - into an MP4 with its sound track, a WAV and ``samples.npz`` per run.
 """
 
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fastgen.methods.multimodal import guide
+from fastgen.methods.multimodal import pipeline_guided_x0
 from fastgen.networks import modalities
 from fastgen.networks.conditioning_frames import WithConditioningFrames, with_given_frames
 from fastgen.pipelines.noise import PipelineNoise, seeded
@@ -55,8 +56,10 @@ def ode_sample(net: nn.Module, noise: modalities.Sample, condition: torch.Tensor
     native prediction by the backbone's own rule (``DiffusersBackbone.guide``; Qwen-Image's norm rescale of the
     velocity), converted to the denoised estimate after. ``noise`` may be a multimodal sample (a dict of modalities,
     ``fastgen.networks.modalities``; LTX-2): every modality steps on the same grid, each guided with its own scale
-    ``plan.scale(modality)`` (LTX2Pipeline's ``guidance_scale`` / ``audio_guidance_scale``), and both sides are
-    evaluated when any modality is guided (as the pipeline does when either scale is above 1).
+    ``plan.scale(modality)`` (LTX2Pipeline's ``guidance_scale`` / ``audio_guidance_scale``), both sides evaluated
+    when any modality is guided (as the pipeline does when either scale is above 1), and with ``plan.extra`` its STG
+    and modality-isolation passes and guidance rescale, combined as ``LTX2Pipeline.__call__`` combines them on the
+    denoised estimates (``fastgen.methods.multimodal.pipeline_guided_x0``).
     Returns the last denoised estimate, or with ``plan.end > 0`` the state one more DDIM step reaches at ``end``."""
     schedule = net.noise_scheduler
     backbone = getattr(net, "backbone", None)
@@ -71,15 +74,16 @@ def ode_sample(net: nn.Module, noise: modalities.Sample, condition: torch.Tensor
     for i, t in enumerate(plan.times):
         like = modalities.first_tensor(x)
         t_vec = torch.full((modalities.batch_size(x),), t, device=like.device, dtype=like.dtype)
-        if guided:
+        if names:  # LTX2Pipeline's combination: CFG, STG, modality isolation, rescale (plan.extra)
+            x0 = pipeline_guided_x0(net, x, t_vec, condition, uncondition if guided else None,
+                                    scales if guided else None, plan.extra)
+        elif guided:
             kind = net.native_pred_type if native else "x0"
             both = net(modalities.cat([x, x]), torch.cat([t_vec, t_vec]), condition=torch.cat([condition, uncondition]),
                        fwd_pred_type=kind)
             c, u = modalities.chunk(both, 2)
             if native:
                 x0 = schedule.convert(backbone.guide(c, u, plan.guidance), x, t_vec, kind, "x0")
-            elif names:
-                x0 = guide(c, u, scales)
             else:
                 x0 = u + plan.guidance * (c - u)
         else:

@@ -23,8 +23,8 @@ wan        as flux; ``WanPipeline`` takes no ``sigmas``: the grid      as renois
 qwenimage  as flux (``sigmas``: the times, no dynamic shift)           as renoise; guidance is the pipeline's
                                                                        ``true_cfg_scale`` against ``""``
 ltx2       refused (its re-noising per stream is not reproduced)       as flux; guidance per stream (``guidance_scale``
-                                                                       video, ``audio_guidance_scale`` audio), no
-                                                                       rescale / STG / modality guidance
+                                                                       video, ``audio_guidance_scale`` audio), its
+                                                                       rescale / STG / modality guidance the plan's
 cogvideox  ``LCMScheduler`` as sd, its ``trained_betas`` those of      ``CogVideoXDDIMScheduler`` with the model's
            CogVideoX's ``alphas_cumprod`` (SNR shift, zero terminal    own schedule, "trailing": its grid comes
            SNR: LCM has neither)                                       from ``num_inference_steps`` (it steps
@@ -61,13 +61,16 @@ class SamplingPlan:
     returns the denoised estimate at the last time, a positive ``end`` the state the last DDIM step reaches there,
     unevaluated (Cosmos Predict2's pipelines stop at ``sigma_min``: ``EDMFlowScheduler.stops_at_last_time``).
     ``modality_guidance``: a multimodal sample's per-modality scales where they differ from ``guidance``
-    (``model.modality_guidance_scales``; LTX-2's pipeline guides audio harder than video)."""
+    (``model.modality_guidance_scales``; LTX-2's pipeline guides audio harder than video). ``extra``: the run's
+    ``PipelineGuidance`` (LTX-2's guidance rescale, STG, modality isolation; ``fastgen.methods.multimodal``), or
+    ``None`` when those are off."""
 
     sampler: str
     times: tuple[float, ...]
     guidance: float = 1.0
     end: float = 0.0
     modality_guidance: Mapping[str, float] = field(default_factory=dict, hash=False)
+    extra: Any = field(default=None, hash=False)
 
     def scale(self, modality: str | None = None) -> float:
         """The guidance scale of ``modality`` (``None``: a one-modality sample)."""
@@ -97,7 +100,7 @@ def plan_of(model: Any, which: str, steps: int | None = None, guidance: float | 
     ``steps``-step grid (default ``model.sample_steps``; on a discrete schedule, each time moved to its nearest
     trained step) with ``guidance`` (default the run's ``guidance_scale``) and, for a multimodal model, the run's
     ``model.modality_guidance_scales`` updated by ``modality_guidance`` (the modalities that differ from
-    ``guidance``)."""
+    ``guidance``) and the run's ``PipelineGuidance`` (``SamplingPlan.extra``: LTX-2's rescale, STG, isolation)."""
     sampler = getattr(model, "student_sampler", None)
     if which != "teacher" and sampler == "pdd":  # fused blocks: an Euler step per block (fastgen.pipelines.pdd_blocks)
         return SamplingPlan("ode", tuple(model.block_times(model.sampling_blocks(steps))))
@@ -126,7 +129,12 @@ def plan_of(model: Any, which: str, steps: int | None = None, guidance: float | 
     if unknown:
         raise UsageError(f"guidance for {unknown}: not modalities of this model"
                          + (f" ({sorted(shapes)})" if shapes else " (it samples one modality)"))
-    return SamplingPlan("ode", tuple(float(t) for t in grid), float(guidance), float(end), per_modality)
+    extra = None
+    if shapes:
+        from fastgen.methods.multimodal import pipeline_guidance
+
+        extra = pipeline_guidance(model.config, list(shapes))
+    return SamplingPlan("ode", tuple(float(t) for t in grid), float(guidance), float(end), per_modality, extra)
 
 
 @dataclass
@@ -200,9 +208,9 @@ def _flow(plan: SamplingPlan, schedule: Any, family: str, backbone: Any) -> Diff
         if plan.guidance != 1.0:
             call["negative_prompt"] = ""
     elif family == "ltx2":
-        # LTX2Pipeline: guidance_scale for video, audio_guidance_scale for audio (plain CFG per stream; its rescale,
-        # STG and modality-isolation passes are off, as fastgen does not sample with them); re-noising it draws per
-        # stream from the global generator in its packed layouts, which fastgen's multimodal students do not reproduce
+        # LTX2Pipeline: guidance_scale for video, audio_guidance_scale for audio, and the plan's rescale, STG and
+        # modality-isolation terms per stream (off without them); re-noising it draws per stream from the global
+        # generator in its packed layouts, which fastgen's multimodal students do not reproduce
         if stochastic:
             raise UsageError("an LTX-2 student's re-noising between steps is not reproduced by LTX2Pipeline's "
                              "scheduler; export the teacher or an ODE-sampled network")
@@ -214,10 +222,19 @@ def _flow(plan: SamplingPlan, schedule: Any, family: str, backbone: Any) -> Diff
                              "above 1")
         if audio == 0.0 and video != 0.0:
             raise UsageError("audio guidance 0: LTX2Pipeline reads audio_guidance_scale=0 as unset (the video's)")
+        extra = plan.extra
+        terms = {"guidance_rescale": extra.rescale if extra else {}, "stg_scale": extra.stg if extra else {},
+                 "modality_scale": extra.isolation if extra else {}}
         call["sigmas"] = list(plan.times)
-        call.update(guidance_scale=video, audio_guidance_scale=audio, guidance_rescale=0.0,
-                    audio_guidance_rescale=0.0, stg_scale=0.0, audio_stg_scale=0.0, modality_scale=1.0,
-                    audio_modality_scale=1.0)
+        call.update(guidance_scale=video, audio_guidance_scale=audio)
+        for name, values in terms.items():
+            off = 1.0 if name == "modality_scale" else 0.0
+            v, a = float(values.get("video", off)), float(values.get("audio", off))
+            if a == 0.0 and v != 0.0:  # ``audio_stg_scale or stg_scale``: the pipeline's audio 0 is the video's
+                raise UsageError(f"audio {name} 0 with video {v}: LTX2Pipeline reads audio_{name}=0 as unset (the "
+                                 "video's)")
+            call.update({name: v, f"audio_{name}": a})
+        call["spatio_temporal_guidance_blocks"] = list(extra.stg_blocks) if extra and extra.stg_on else None
     elif family == "cosmos25":
         # Cosmos2_5_PredictBasePipeline: v_c + g (v_c - v_u), only for g > 1 - fastgen's s = g + 1; its default
         # negative prompt is a long sentence, fastgen's ""

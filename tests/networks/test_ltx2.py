@@ -129,7 +129,7 @@ def test_contract_labels_pick_prompts_and_zero_is_the_null_condition() -> None:
         net({"video": x["video"], "audio": x["audio"][..., :8]}, t)
     with pytest.raises(UsageError, match="audio_patch_size_t"):
         _net({**TINY_LTX2_AV_DIGITS, "audio_patch_size_t": 2})
-    assert not hasattr(net.backbone, "head_projection")  # PDD's one widened projection does not fit two streams
+    assert not hasattr(net.backbone, "head_projection")  # PDD widens one projection per stream: head_projections()
 
 
 def test_zero_rows_are_the_text_mask() -> None:

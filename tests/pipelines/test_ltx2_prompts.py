@@ -6,8 +6,10 @@ then audio), guidance per stream (``model.modality_guidance_scales``: the pipeli
 ``write_prompt_samples`` writes (MP4 with an AAC track, WAV, npz); per-modality guidance in the methods (DMD2's
 teacher, Heun sampling) and in the export's call arguments.
 
-The pipeline is called with its guidance rescale, STG and modality-isolation guidance off (``guidance_rescale=0``,
-``stg_scale=0``, ``modality_scale=1``, and the audio ones alike): fastgen does not sample with them."""
+Most cases call the pipeline with its guidance rescale, STG and modality-isolation guidance off (``guidance_rescale=0``,
+``stg_scale=0``, ``modality_scale=1``, and the audio ones alike); the last part samples with all of them - the
+pipeline's default call - from the run's ``model.guidance_rescale``, ``model.stg_scale`` / ``model.stg_blocks`` and
+``model.modality_isolation_scale`` (a tiny model built with ``perturbed_attn``, LTX-2.3's STG-capable attention)."""
 
 from __future__ import annotations
 
@@ -27,15 +29,18 @@ PROMPTS = ["a red cat", "two dogs at night"]
 SHAPES = {"video": [2, 5, 4, 4], "audio": [2, 9, 4]}  # the tiny pipeline's latents for 9 frames of 32x32 at 24 fps
 
 
-def _sft_model(**fields: Any) -> Any:
-    """An SFT model around a ``TINY_LTX2`` network (80 video tokens set its sampling shift, as the pipeline's dynamic
-    shift does) on the tiny pipeline's latent shapes."""
+def _sft_model(net: dict[str, Any] | None = None, method: str = "sft", **fields: Any) -> Any:
+    """An SFT (or DMD2) model around a ``TINY_LTX2`` network (or ``net``; 80 video tokens set its sampling shift, as
+    the pipeline's dynamic shift does) on the tiny pipeline's latent shapes."""
     from fastgen.configs.instantiate import instantiate
-    from fastgen.configs.methods.config_sft import create_config
     from fastgen.configs.net_ltx2 import TINY_LTX2, ltx2_transformer
 
+    if method == "dmd2":
+        from fastgen.configs.methods.config_dmd2 import create_config
+    else:
+        from fastgen.configs.methods.config_sft import create_config
     config = create_config()
-    config.model.net = ltx2_transformer(TINY_LTX2, video_seq_len=80)
+    config.model.net = ltx2_transformer(net or TINY_LTX2, video_seq_len=80)
     config.model.modality_shapes = {name: list(shape) for name, shape in SHAPES.items()}
     config.model.num_classes = 1
     config.model.input_shape = list(SHAPES["video"])
@@ -43,7 +48,10 @@ def _sft_model(**fields: Any) -> Any:
     for key, value in fields.items():
         setattr(config.model, key, value)
     torch.manual_seed(0)
-    return instantiate(config.model_class, config=config.model).eval()
+    model = instantiate(config.model_class, config=config.model).eval()
+    if method == "dmd2":
+        model.init_weights()
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -262,3 +270,161 @@ def test_dmd2_teacher_and_heun_sampling_guide_each_modality_with_its_scale() -> 
     config.model.modality_guidance_scales = {"audio": 2.0}
     with pytest.raises(ConfigError, match="samples one modality"):
         instantiate(config.model_class, config=config.model)
+
+
+# ---- LTX2Pipeline's default guidance: rescale, STG, modality isolation ------------------------------------------
+#: the pipeline's default guidance (``LTX2Pipeline.__call__``) in the run's fields; STG at the tiny model's last block
+DEFAULTS: dict[str, Any] = {"guidance_scale": 3.0, "modality_guidance_scales": {"audio": 7.0}, "guidance_rescale": 0.7,
+                            "stg_scale": 1.0, "stg_blocks": [1], "modality_isolation_scale": 3.0}
+#: each term off in turn: what the break checks sample
+WITHOUT = {"rescale": {"guidance_rescale": 0.0}, "stg": {"stg_scale": 0.0, "stg_blocks": []},
+           "isolation": {"modality_isolation_scale": 1.0}}
+
+
+def _stg_net() -> dict[str, Any]:
+    from fastgen.configs.net_ltx2 import TINY_LTX2
+
+    return {**TINY_LTX2, "perturbed_attn": True}  # LTX-2.3's attention: its blocks read the STG perturbation
+
+
+@pytest.fixture(scope="module")
+def guided(ltx2: dict[str, Any]) -> dict[str, Any]:
+    """A run with the pipeline's default guidance on a ``perturbed_attn`` tiny LTX-2, the pipeline around its network
+    (the text stack, VAEs and vocoder of ``ltx2``'s, so its codec encodes the prompts) and that pipeline's latents with
+    its default guidance (only the STG block chosen for the 2-block model)."""
+    from diffusers import LTX2Pipeline
+
+    from fastgen.pipelines.noise import seeded
+
+    model = _sft_model(_stg_net(), **DEFAULTS)
+    pipe = LTX2Pipeline(**{**ltx2["pipe"].components, "transformer": model.net.backbone.model})
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipe(PROMPTS, negative_prompt="", height=PIXELS, width=PIXELS, num_frames=FRAMES, frame_rate=FRAME_RATE,
+                  num_inference_steps=4, spatio_temporal_guidance_blocks=[1], generator=seeded([1, 2]),
+                  output_type="latent", max_sequence_length=MAX_SEQUENCE_LENGTH, return_dict=False)
+    return {"model": model, "pipe": pipe, "theirs": theirs}
+
+
+def test_the_pipelines_default_guidance_is_sampled(ltx2: dict[str, Any], guided: dict[str, Any]) -> None:
+    """``PromptSampler.latents`` of a run with the pipeline's defaults (guidance 3, audio 7, guidance rescale 0.7, STG
+    1, modality isolation 3) equals ``LTX2Pipeline`` called with its default guidance, both streams to 1e-5; and each
+    of rescale, STG and isolation matters: the run without it samples other latents (by more than 1e-3)."""
+    sampler = _sampler(ltx2, guided["model"], steps=4)
+    extra = sampler.plan.extra
+    assert extra.rescale == {"video": 0.7, "audio": 0.7} and extra.stg == {"video": 1.0, "audio": 1.0}
+    assert extra.isolation == {"video": 3.0, "audio": 3.0} and extra.stg_blocks == (1,)
+    ours = sampler.latents(PROMPTS, [1, 2], SHAPES)
+    codec = ltx2["codec"]
+    theirs_video, theirs_audio = guided["theirs"]
+    torch.testing.assert_close(codec.denormalise(ours["video"]), theirs_video, atol=1e-5, rtol=0)
+    torch.testing.assert_close(codec.denormalise_audio(ours["audio"]), theirs_audio, atol=1e-5, rtol=0)
+    for term, off in WITHOUT.items():
+        model = _sft_model(_stg_net(), **{**DEFAULTS, **off})
+        model.net.load_state_dict(guided["model"].net.state_dict())
+        other = _sampler(ltx2, model, steps=4).latents(PROMPTS, [1, 2], SHAPES)
+        gap = max(float((codec.denormalise(other["video"]) - theirs_video).abs().max()),
+                  float((codec.denormalise_audio(other["audio"]) - theirs_audio).abs().max()))
+        assert gap > 1e-3, term
+
+
+def test_the_export_renders_the_default_guidance(ltx2: dict[str, Any], guided: dict[str, Any]) -> None:
+    """``diffusers_sampling("ltx2", ...)`` of that run passes the pipeline's rescale, STG (with its blocks) and
+    isolation arguments; the pipeline with the exported scheduler and call renders fastgen's latents (1e-5). An
+    audio rescale or STG of 0 beside a video one (the pipeline reads 0 as unset) is a one-line error."""
+    from diffusers import LTX2Pipeline
+
+    from fastgen.methods.multimodal import PipelineGuidance
+    from fastgen.pipelines.noise import seeded
+    from fastgen.pipelines.schedulers import SamplingPlan, diffusers_sampling, plan_of
+
+    model = guided["model"]
+    plan = plan_of(model, "net", 3)
+    sampling = diffusers_sampling("ltx2", plan, model.net)
+    assert {k: v for k, v in sampling.call.items() if k not in ("sigmas", "num_inference_steps")} == {
+        "guidance_scale": 3.0, "audio_guidance_scale": 7.0, "guidance_rescale": 0.7, "audio_guidance_rescale": 0.7,
+        "stg_scale": 1.0, "audio_stg_scale": 1.0, "modality_scale": 3.0, "audio_modality_scale": 3.0,
+        "spatio_temporal_guidance_blocks": [1]}
+    pipe = LTX2Pipeline(**{**guided["pipe"].components, "scheduler": sampling.scheduler})
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipe(PROMPTS, negative_prompt="", height=PIXELS, width=PIXELS, num_frames=FRAMES, frame_rate=FRAME_RATE,
+                  generator=seeded([3, 4]), output_type="latent", max_sequence_length=MAX_SEQUENCE_LENGTH,
+                  return_dict=False, **sampling.call)
+    ours = _sampler(ltx2, model, steps=3).latents(PROMPTS, [3, 4], SHAPES)
+    codec = ltx2["codec"]
+    torch.testing.assert_close(codec.denormalise(ours["video"]), theirs[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(codec.denormalise_audio(ours["audio"]), theirs[1], atol=1e-5, rtol=0)
+    for name, terms in (("guidance_rescale", {"rescale": {"video": 0.7, "audio": 0.0}}),
+                        ("stg_scale", {"stg": {"video": 1.0, "audio": 0.0}, "stg_blocks": (1,)})):
+        odd = SamplingPlan("ode", plan.times, 3.0, extra=PipelineGuidance(**terms))
+        with pytest.raises(UsageError, match=f"audio {name} 0"):
+            diffusers_sampling("ltx2", odd, model.net)
+
+
+def test_dmd2_teacher_and_heun_flow_guide_as_the_pipeline() -> None:
+    """DMD2's guided teacher (``teacher_x0``) and Heun's guided flow (``flow_fn``) of runs with the pipeline's default
+    guidance are ``LTX2Pipeline.__call__``'s combination, spelled out here from the network's four passes - the
+    conditional, the negative, the STG-perturbed and the modality-isolated - and diffusers' ``rescale_noise_cfg``; a
+    per-modality dict sets each stream's term (a missing one: off)."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import rescale_noise_cfg
+
+    g = torch.Generator().manual_seed(5)
+    x = {name: torch.randn(2, *shape, generator=g) for name, shape in SHAPES.items()}
+    t = torch.tensor([0.8, 0.4])
+    text = torch.randn(2, 3, 32, generator=g)
+
+    def oracle(net: Any, terms: dict[str, Any]) -> dict[str, torch.Tensor]:
+        backbone = net.backbone
+        c = net(x, t, condition=text, fwd_pred_type="x0")
+        u = net(x, t, condition=torch.zeros_like(text), fwd_pred_type="x0")
+        with backbone.perturbed(stg_blocks=[1]):
+            s = net(x, t, condition=text, fwd_pred_type="x0")
+        with backbone.perturbed(isolate_modalities=True):
+            i = net(x, t, condition=text, fwd_pred_type="x0")
+        out = {}
+        for m, cfg in (("video", 3.0), ("audio", 7.0)):
+            rescale, stg, iso = (terms[k][m] for k in ("guidance_rescale", "stg_scale", "modality_isolation_scale"))
+            guided = c[m] + (cfg - 1) * (c[m] - u[m]) + stg * (c[m] - s[m]) + (iso - 1) * (c[m] - i[m])
+            out[m] = rescale_noise_cfg(guided, c[m], rescale) if rescale > 0 else guided
+        return out
+
+    per_stream = {"guidance_rescale": {"video": 0.7}, "stg_scale": {"audio": 1.0}, "modality_isolation_scale": 3.0}
+    for fields in (DEFAULTS, {**DEFAULTS, **per_stream}):
+        terms = {k: (v if isinstance(v, dict) else {"video": v, "audio": v}) for k, v in fields.items()
+                 if k in ("guidance_rescale", "stg_scale", "modality_isolation_scale")}
+        terms = {k: {m: v.get(m, 1.0 if k == "modality_isolation_scale" else 0.0) for m in SHAPES}
+                 for k, v in terms.items()}
+        dmd2 = _sft_model(_stg_net(), method="dmd2", **fields)
+        with torch.no_grad():
+            got, want = dmd2.teacher_x0(x, t, text), oracle(dmd2.teacher, terms)
+        for m in SHAPES:
+            torch.testing.assert_close(got[m], want[m], atol=1e-5, rtol=0)
+        sft = _sft_model(_stg_net(), **fields)
+        with torch.no_grad():
+            flow = sft.flow_fn(sft.net, text, sft.config.guidance_scale)(x, t)
+            want = oracle(sft.net, terms)
+        for m in SHAPES:
+            x0 = sft.net.noise_scheduler.convert(flow[m], x[m], t, "flow", "x0")
+            torch.testing.assert_close(x0, want[m], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("net", "fields", "match"), [
+    ("tiny", {"stg_scale": 1.0, "stg_blocks": [1]}, "perturbed_attn"),
+    ("stg", {"stg_scale": 1.0, "stg_blocks": [2]}, r"must name blocks 0\.\.1"),
+    ("stg", {"stg_scale": 1.0}, "needs model.stg_blocks"),
+    ("stg", {"stg_blocks": [1]}, "no model.stg_scale above 0"),
+    ("stg", {"guidance_rescale": 1.5}, r"in \[0, 1\]"),
+    ("stg", {"modality_isolation_scale": {"audio": 0.5}}, "at least 1"),
+    ("stg", {"stg_scale": {"sound": 1.0}, "stg_blocks": [1]}, "not modalities"),
+    ("two_stream", {"guidance_rescale": 0.7}, "need a network that has them"),
+])
+def test_guidance_terms_a_network_cannot_take_are_refused_in_one_line(net: str, fields: dict[str, Any],
+                                                                      match: str) -> None:
+    """STG on a model whose blocks ignore it (no ``perturbed_attn``: LTX-2.0's config) or at a block it lacks, STG
+    without blocks or blocks without STG, out-of-range values, unknown modalities, and any of the terms on a network
+    without the passes (not LTX-2) are one-line ConfigErrors at build."""
+    if net == "two_stream":
+        with pytest.raises(ConfigError, match=match):
+            _two_stream("sft", **fields)
+        return
+    with pytest.raises(ConfigError, match=match):
+        _sft_model(_stg_net() if net == "stg" else None, **fields)

@@ -62,6 +62,33 @@ def decay_learning_rates(config: BaseConfig, max_iter: int, final_factor: float 
     return config
 
 
+def moving_digits_teacher(config: BaseConfig, net: DictConfig, condition_dropout: float = 0.1) -> BaseConfig:
+    """Fill in what the video networks trained from scratch on moving digits share (the bidirectional and causal
+    teachers, the small Wan, the video-to-world Cosmos Predict2): ``net`` on ``(1, 8, 8, 16)`` videos with the
+    10 labels (dropped with ``condition_dropout`` for guidance), Adam at 1e-3, 25 sampling steps, the train split at
+    batch 32 for 2,000 iterations, gradient clipping, an EDM2 power EMA and W&B (20-video grids every 1,000)."""
+    from fastgen.configs.callbacks import EMA_CALLBACK
+    from fastgen.configs.data import moving_digits_loader
+
+    config.model.net = net
+    config.model.input_shape = [1, 8, 8, 16]
+    config.model.num_classes = 10
+    config.model.use_ema = True
+    config.model.net_optimizer.lr = 1e-3
+    config.model.sample_steps = 25
+    config.model.condition_dropout = condition_dropout
+    config.dataloader_train = moving_digits_loader(split="train", batch_size=32)
+    config.trainer.max_iter = 2000
+    config.trainer.logging_iter = 100
+    config.trainer.save_ckpt_iter = 1000
+    config.trainer.callbacks = DictConfig({**GradClip_CALLBACK, **EMA_CALLBACK, **WANDB_CALLBACK})
+    config.trainer.callbacks.ema.type = "power"
+    config.trainer.callbacks.wandb.sample_iter = 1000
+    config.trainer.callbacks.wandb.num_samples = 20
+    config.log_config.group = "moving_digits"
+    return config
+
+
 def moving_digits_student(config: BaseConfig, max_iter: int = 1000, lr: float = 1e-4) -> BaseConfig:
     """Fill in the setting of the causal video students on moving digits (CausalKD, CausVid, Self-Forcing): a
     block-causal ``causal_video_dit`` student of 4 chunks of 2 frames, the bidirectional teacher (and fake score,

@@ -3,7 +3,7 @@ captioned clips with sound: supervised diffusion training of both streams at onc
 sample, ``model.modality_shapes``), the teacher a DMD2 run then distills.
 
     fastgen train --nnodes 8 --nproc-per-node 8 --config LTX2/config_sft_ltx2 - model.pretrained_model_path=/weights/LTX-2
-    fastgen convert-ckpt RUN ltx2_finetuned --to diffusers --only ema --steps 30 --guidance 3
+    fastgen convert-ckpt RUN ltx2_finetuned --to diffusers --only ema --steps 30
 
 The network starts from the weights folder (``model.pretrained_model_path``; its ``transformer/config.json``
 decides the architecture) and trains on WebDataset shards of LTX-2's latents - per clip a ``latent.npy`` (the video
@@ -13,7 +13,11 @@ normalised ``8 x 126 x 16``: 121 / 24 s of 16 kHz sound) and a ``text.npy`` (Gem
 into one sample (``real.video`` / ``real.audio`` fields). Both streams share each sample's time (``model.modality_times
 = "independent"`` trains each at its own). Sampling: LTX-2's shift for 6144 video tokens, its terminal time 0.1.
 10% of the captions are dropped for classifier-free guidance (the null condition: zero embeddings); an EMA (beta
-0.9999) is what ``--only ema`` exports. FSDP2 on a meta-device build, bfloat16 autocast, activation checkpointing;
+0.9999) is what ``--only ema`` exports. Sampling (``fastgen sample``) and the export guide as ``LTX2Pipeline`` does by
+default: guidance 3 for video, 7 for audio, modality-isolation guidance 3 and guidance rescale 0.7 (the run's
+``model.guidance_scale``, ``modality_guidance_scales``, ``modality_isolation_scale``, ``guidance_rescale``); its STG
+(scale 1 at block 28, arXiv 2411.18664) is off, as LTX-2.0's blocks (``LTX2_19B``, no ``perturbed_attn``) ignore it -
+with an LTX-2.3 folder add ``model.stg_scale=1.0 model.stg_blocks=[28]``. FSDP2 on a meta-device build, bfloat16 autocast, activation checkpointing;
 AdamW at 1e-5.
 
 Memory per rank, an **estimate** (``fastgen dryrun``; not measured on a GPU): 18,876,174,592 parameters per network
@@ -46,6 +50,10 @@ def create_config() -> BaseConfig:
         [f"WDS:{os.path.join(data_root(), NAME + '_latents')}"], batch_size=1,
         fields={"real.video": "latent.npy", "real.audio": "audio_latent.npy", "condition": "text.npy"})
     config.model.use_ema = True
+    config.model.guidance_scale = 3.0  # LTX2Pipeline's default guidance (module docstring), STG aside
+    config.model.modality_guidance_scales = {"audio": 7.0}
+    config.model.modality_isolation_scale = 3.0
+    config.model.guidance_rescale = 0.7
     config.model.condition_dropout = 0.1
     config.model.net_optimizer.lr = 1e-5
     config.trainer.callbacks.update(EMA_CALLBACK)
