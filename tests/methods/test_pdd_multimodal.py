@@ -294,7 +294,8 @@ def test_ltx2_pdd_student_exports_to_ltx2pipeline(output_root: Path, tmp_path: P
     exported with ``--to diffusers --steps 2``: the folder holds block 0's fused projections of both streams and
     ``pdd_blocks.safetensors`` every block's; diffusers' ``LTX2Pipeline`` with ``PDDBlockWeights`` as its step-end
     callback renders exactly fastgen's fused-block samples, video and audio (latents to 1e-4), and without the
-    callback (block 0's projections throughout) it does not."""
+    callback (block 0's projections throughout) it does not. ``PromptSampler`` (``fastgen sample --prompt``) draws
+    the same fused-block samples."""
     from diffusers import LTX2Pipeline
     from tiny_ltx2 import FRAME_RATE, FRAMES, MAX_SEQUENCE_LENGTH, PIXELS, tiny_ltx2_pipeline
 
@@ -371,6 +372,13 @@ def test_ltx2_pdd_student_exports_to_ltx2pipeline(output_root: Path, tmp_path: P
         ours = run.model.generate(net, noise, codec.condition(codec.encode_prompts(prompts)), blocks=[2, 2])
     torch.testing.assert_close(codec.denormalise(ours["video"]), theirs[0], atol=1e-4, rtol=0)
     torch.testing.assert_close(codec.denormalise_audio(ours["audio"]), theirs[1], atol=1e-4, rtol=0)
+    # fastgen sample --prompt's path (PromptSampler: the codec's prompts, the pipeline's noise) samples the same
+    from fastgen.pipelines.prompts import PromptSampler
+
+    sampled = PromptSampler(run.model, net, "net", codec, steps=2).latents(prompts, [7, 8],
+                                                                            config.model.modality_shapes)
+    for name in ("video", "audio"):
+        torch.testing.assert_close(sampled[name], ours[name].float(), atol=1e-5, rtol=0)
     block0 = rendered(None)  # without the swap: block 0's projections for both steps
     for name, (a, b) in {"video": (block0[0], theirs[0]), "audio": (block0[1], theirs[1])}.items():
         assert float((a - b).abs().max()) > 1e-3, name
