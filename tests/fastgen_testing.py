@@ -689,3 +689,12 @@ def check_checkpointing_and_lora(make_net: Any, x: torch.Tensor, t: torch.Tensor
     trained = gradients(adapted)
     assert all(".lora." in name for name in trained), sorted(trained)
     return {name.split(".lora.")[0] for name in trained}
+
+
+def random_frames(count: int, seed: int, size: int = 16) -> list[Any]:
+    """``count`` random ``size x size`` RGB PIL frames (conditioning images and clips for video-to-world tests)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)) for _ in range(count)]

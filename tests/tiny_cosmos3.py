@@ -77,3 +77,27 @@ def tiny_transformer(config: dict[str, Any], seed: int = 0) -> Any:
             if name.endswith("modality_embed"):
                 p.normal_(0.0, 0.5)
     return model.eval()
+
+
+def sft_model(folder: Any, config: dict[str, Any], guidance: float, input_shape: list[int],
+              modality_shapes: dict[str, list[int]] | None = None) -> Any:
+    """An SFT model (eval mode) of the tiny Cosmos 3 ``config`` from the pipeline ``folder`` (its weights and
+    tokenizer), on ``input_shape`` latents (with ``modality_shapes``: a multimodal model), guided with ``guidance``
+    over 3 sampling steps; prompts condition it (``num_classes`` 1)."""
+    from fastgen.configs.instantiate import instantiate
+    from fastgen.configs.methods.config_sft import create_config
+    from fastgen.configs.net_cosmos3 import cosmos3_transformer
+
+    recipe = create_config()
+    recipe.model.net = cosmos3_transformer(config, tokenizer=str(folder), shift=1.0, temporal_compression=TEMPORAL,
+                                           spatial_compression=SPATIAL)
+    recipe.model.pretrained_model_path = str(folder)
+    if modality_shapes is not None:
+        recipe.model.modality_shapes = {name: list(shape) for name, shape in modality_shapes.items()}
+    recipe.model.input_shape = list(input_shape)
+    recipe.model.num_classes = 1
+    recipe.model.sample_steps = 3
+    recipe.model.guidance_scale = guidance
+    model = instantiate(recipe.model_class, config=recipe.model)
+    model.init_weights()
+    return model.eval()

@@ -66,7 +66,7 @@ from fastgen.configs.instantiate import instantiate
 from fastgen.methods.distill import DistillationModel
 from fastgen.methods.model import conditioning_frame_choices
 from fastgen.methods.multimodal import check_modalities, combine_losses, training_times, vsd_times
-from fastgen.networks.conditioning_frames import generated_frames_mean
+from fastgen.networks.conditioning_frames import after_given, generated_frames_mean
 from fastgen.networks.discriminator import (FeatureDiscriminator, default_feature_indices, head_features,
                                             minibatch_groups, per_group, probe_feature_shapes)
 from fastgen.networks.modalities import batch_size, first_tensor, is_multimodal, per_modality
@@ -318,7 +318,7 @@ class DMD2Model(DistillationModel):
             d_fake = self.with_frames(self.fake_score)(x_t, t, condition=cond_rep, fwd_pred_type="x0")
             # the gap over the generated frames (the given ones are the data in x, D_real and D_fake alike)
             given = self.frames_given_now()
-            normaliser = denoising_gap(x_rep[:, :, given:], d_real[:, :, given:]) if given else denoising_gap(x_rep, d_real)
+            normaliser = denoising_gap(after_given(x_rep, given), after_given(d_real, given))
             weight = self.vsd_weight(x_rep, x_t, t, d_real, d_fake, cond_rep) / normaliser
             grad = torch.nan_to_num((d_fake - d_real).float() * weight.view(-1, *([1] * (x.dim() - 1))))
             grad = grad.view(self.config.vsd_num_noise, *x.shape).mean(dim=0)

@@ -36,6 +36,18 @@ from fastgen.networks.noise_schedules import NoiseScheduler
 from fastgen.utils.errors import UsageError
 
 
+def temporal_factor(vae: Any) -> int:
+    """How many pixel frames one latent frame holds after the first (``2 ** sum(temperal_downsample)``, as the
+    Cosmos and Wan pipelines compute it)."""
+    return 2 ** sum(bool(d) for d in getattr(vae.config, "temperal_downsample", ()) or ())
+
+
+def after_given(x: torch.Tensor, frames: int) -> torch.Tensor:
+    """The frames of a ``(B, C, F, H, W)`` video after its first ``frames`` (the generated ones); ``x`` itself when
+    none are given."""
+    return x[:, :, frames:] if frames > 0 else x
+
+
 def frame_mask(x: torch.Tensor, frames: int) -> torch.Tensor:
     """``(1, 1, F, 1, 1)``: True on the first ``frames`` frames of a ``(B, C, F, H, W)`` video."""
     return (torch.arange(x.shape[2], device=x.device) < frames).view(1, 1, -1, 1, 1)
@@ -84,9 +96,7 @@ def with_given_frames(x_t: torch.Tensor, clean: torch.Tensor, frames: int) -> to
 
 def generated_frames_mean(per_element: torch.Tensor, frames: int) -> torch.Tensor:
     """``(B,)`` means of a ``(B, C, F, H, W)`` per-element loss over the frames after the first ``frames``."""
-    if frames <= 0:
-        return per_element.flatten(1).mean(dim=1)
-    return per_element[:, :, frames:].flatten(1).mean(dim=1)
+    return after_given(per_element, frames).flatten(1).mean(dim=1)
 
 
 class WithConditioningFrames:
@@ -105,10 +115,6 @@ class WithConditioningFrames:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.net, name)
-
-    @property
-    def backbone(self) -> Any:
-        return getattr(self.net, "backbone", None)
 
     def __call__(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if self.clean is not None:
@@ -139,5 +145,5 @@ def encode_given_clips(codec: Any, padded: Sequence[tuple[torch.Tensor, int]],
     return out, frames
 
 
-__all__ = ["WithConditioningFrames", "check_conditioning_frames", "encode_given_clips", "frame_mask", "generated_frames_mean",
-           "keep_given_frames", "per_frame_noise", "with_given_frames"]
+__all__ = ["WithConditioningFrames", "after_given", "check_conditioning_frames", "encode_given_clips", "frame_mask",
+           "generated_frames_mean", "keep_given_frames", "per_frame_noise", "temporal_factor", "with_given_frames"]

@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from fastgen.networks.conditioning_frames import encode_given_clips
+from fastgen.networks.conditioning_frames import encode_given_clips, temporal_factor
 from fastgen.networks.cosmos_predict2 import CosmosPredict2Transformer
 from fastgen.utils.errors import ConfigError, UsageError
 
@@ -127,8 +127,7 @@ def conditioning_latents(codec: Any, clips: Sequence[torch.Tensor], num_frames: 
     """``(B, C, F, H, W)`` normalised latents of the padded ``clips`` (pixels in ``[-1, 1]``, one ``(1, C, n, H, W)``
     clip per sample, all with the same ``n``; ``pad_conditioning_clip``), each the posterior's mode (the pipeline's
     ``sample_mode="argmax"``: the sample's generator is not drawn from), and how many latent frames are given."""
-    # the VAE's temporal factor as the pipeline computes it (``vae_scale_factor_temporal``)
-    factor = 2 ** sum(bool(d) for d in getattr(codec.vae.config, "temperal_downsample", ()) or ())
+    factor = temporal_factor(codec.vae)  # the pipeline's ``vae_scale_factor_temporal``
     return encode_given_clips(codec, [pad_conditioning_clip(clip, num_frames, factor) for clip in clips])
 
 

@@ -33,10 +33,10 @@ from torch import nn
 
 from fastgen.methods.multimodal import pipeline_guided_x0
 from fastgen.networks import modalities
-from fastgen.networks.conditioning_frames import WithConditioningFrames, with_given_frames
+from fastgen.networks.conditioning_frames import WithConditioningFrames, temporal_factor, with_given_frames
 from fastgen.pipelines.noise import PipelineNoise, seeded
 from fastgen.pipelines.schedulers import SamplingPlan, plan_of
-from fastgen.pipelines.world import conditioning_latents, temporal_factor
+from fastgen.pipelines.world import conditioning_latents
 from fastgen.utils.errors import UsageError
 
 
@@ -152,16 +152,17 @@ class PromptSampler:
         generators = seeded(seeds)
         given, net = None, self.net
         if clip is not None:  # encoded with each sample's generator before its noise is drawn, as the pipeline does
-            given, frames = self._conditioning(clip, len(prompts), latent_shape, generators)
+            encoded, frames = self._conditioning(clip, len(prompts), latent_shape, generators)
+            given = encoded.to(self.device, self.dtype)
             # a distilled student re-noises between its steps: the wrapper puts the given frames back each time
-            net = WithConditioningFrames(self.net, frames, clean=given.to(self.device, self.dtype))
+            net = WithConditioningFrames(self.net, frames, clean=given)
         noise = PipelineNoise(self.codec.family, generators, global_seed=seeds[0])
         schedule = self.net.noise_scheduler
         sigma_max = float(schedule.sigma(torch.tensor(float(schedule.t_max), dtype=torch.float64)))
         x_t = modalities.per_modality(lambda v: v.to(self.dtype),
                                       noise.initial(latent_shape, self.device, sigma_max))
         if given is not None:
-            x_t = with_given_frames(x_t, given.to(x_t.device), net.frames)
+            x_t = with_given_frames(x_t, given, net.frames)
         fit = getattr(self.codec, "fit_latent_shape", None)
         if fit is not None:  # Cosmos 3: the prompt's templates name the sample's frame count and resolution
             fit(latent_shape)
@@ -192,7 +193,7 @@ class PromptSampler:
         if self.student and not type(self.model).__dict__.get("supports_conditioning_frames", False):
             raise UsageError(f"--image / --video: {type(self.model).__name__}'s students generate every frame; "
                              "sample its --teacher")
-        if isinstance(latent_shape, dict) or len(latent_shape) != 4:
+        if isinstance(latent_shape, Mapping) or len(latent_shape) != 4:
             raise UsageError(f"--image / --video continue a video; this model samples {latent_shape}")
         factor = temporal_factor(self.codec.vae)
         num_frames = (int(latent_shape[1]) - 1) * factor + 1

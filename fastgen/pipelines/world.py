@@ -16,14 +16,8 @@ from typing import Any
 
 import torch
 
-from fastgen.networks.conditioning_frames import encode_given_clips
+from fastgen.networks.conditioning_frames import encode_given_clips, temporal_factor
 from fastgen.utils.errors import UsageError
-
-
-def temporal_factor(vae: Any) -> int:
-    """How many pixel frames one latent frame holds after the first (``2 ** sum(temperal_downsample)``, as the
-    Cosmos and Wan pipelines compute it)."""
-    return 2 ** sum(bool(d) for d in getattr(vae.config, "temperal_downsample", ()) or ())
 
 
 def spatial_factor(vae: Any) -> int:
@@ -80,5 +74,4 @@ def load_clip(path: str, height: int, width: int) -> torch.Tensor:
         raise UsageError(f"{path}: not an image or video this can read ({exc})") from None
 
 
-__all__ = ["conditioning_latents", "load_clip", "pad_clip", "spatial_factor",
-           "temporal_factor"]
+__all__ = ["conditioning_latents", "load_clip", "pad_clip", "spatial_factor"]

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tiny_cosmos3 import SPATIAL, TEMPORAL, cosmos3_pipeline, tiny_transformer
+from fastgen_testing import random_frames
+from tiny_cosmos3 import SPATIAL, TEMPORAL, cosmos3_pipeline, sft_model, tiny_transformer
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.configs.net_cosmos3 import TINY_COSMOS3, cosmos3_transformer
@@ -28,29 +29,6 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cosmos3_pipeline(tiny_transformer(TINY_COSMOS3), FlowMatchEulerDiscreteScheduler(shift=1.0, shift_terminal=1 / 3)
                      ).save_pretrained(path)
     return path
-
-
-def _model(folder: Path, guidance: float, frames: int = 3) -> Any:
-    """An SFT model of the tiny Cosmos 3 from ``folder`` on ``(1, frames, 8, 8)`` latents, guided with ``guidance``."""
-    from fastgen.configs.methods.config_sft import create_config
-
-    config = create_config()
-    config.model.net = cosmos3_transformer(TINY_COSMOS3, tokenizer=str(folder), shift=1.0, **SIZES)
-    config.model.pretrained_model_path = str(folder)
-    config.model.input_shape = [1, frames, 8, 8]
-    config.model.num_classes = 1
-    config.model.sample_steps = 3
-    config.model.guidance_scale = guidance
-    model = instantiate(config.model_class, config=config.model)
-    model.init_weights()
-    return model.eval()
-
-
-def _frames(count: int, seed: int) -> list[Any]:
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    return [Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)) for _ in range(count)]
 
 
 def _clip(frames: list[Any]) -> torch.Tensor:
@@ -73,9 +51,9 @@ def test_continuing_an_image_or_a_clip_is_the_pipelines(folder: Path, clip_frame
 
     pipe = Cosmos3OmniPipeline.from_pretrained(folder)
     pipe.set_progress_bar_config(disable=True)
-    model = _model(folder, guidance)
+    model = sft_model(folder, TINY_COSMOS3, guidance, [1, 3, 8, 8])
     codec = load_codec(folder)
-    frames = _frames(clip_frames, seed=clip_frames)
+    frames = random_frames(clip_frames, seed=clip_frames)
     clean, k = codec.conditioning_latents([_clip(frames)], 5)
     assert k == given
     sampler = PromptSampler(model, model.net, "net", codec, steps=3, guidance=guidance)

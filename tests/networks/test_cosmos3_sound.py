@@ -6,14 +6,12 @@ with ``enable_sound=True``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from tiny_cosmos3 import SPATIAL, TEMPORAL, cosmos3_pipeline, cosmos3_sound_tokenizer, tiny_transformer
+from tiny_cosmos3 import SPATIAL, TEMPORAL, cosmos3_pipeline, cosmos3_sound_tokenizer, sft_model, tiny_transformer
 
-from fastgen.configs.instantiate import instantiate
-from fastgen.configs.net_cosmos3 import TINY_COSMOS3_SOUND, cosmos3_transformer
+from fastgen.configs.net_cosmos3 import TINY_COSMOS3_SOUND
 
 SIZES = {"temporal_compression": TEMPORAL, "spatial_compression": SPATIAL}
 SHAPES = {"video": [1, 3, 8, 8], "audio": [2, 5]}  # 5 frames of 16x16 at 24 fps; 20 samples at 96 Hz, 4 a latent
@@ -33,23 +31,6 @@ def sound_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _sft_model(folder: Path, guidance: float) -> Any:
-    """An SFT model of the tiny sound model from ``folder`` on ``SHAPES``, guided with ``guidance``."""
-    from fastgen.configs.methods.config_sft import create_config
-
-    config = create_config()
-    config.model.net = cosmos3_transformer(TINY_COSMOS3_SOUND, tokenizer=str(folder), shift=1.0, **SIZES)
-    config.model.pretrained_model_path = str(folder)
-    config.model.modality_shapes = {name: list(shape) for name, shape in SHAPES.items()}
-    config.model.input_shape = list(SHAPES["video"])
-    config.model.num_classes = 1
-    config.model.sample_steps = 3
-    config.model.guidance_scale = guidance
-    model = instantiate(config.model_class, config=config.model)
-    model.init_weights()
-    return model.eval()
-
-
 @pytest.mark.parametrize("guidance", [1.0, 3.0], ids=["plain", "guided"])
 def test_prompt_sampling_with_sound_is_the_pipelines(sound_folder: Path, guidance: float) -> None:
     """``PromptSampler`` on a video + sound Cosmos 3 model: the pipeline's noise (generator ``i``: sample ``i``'s
@@ -63,7 +44,7 @@ def test_prompt_sampling_with_sound_is_the_pipelines(sound_folder: Path, guidanc
 
     pipe = Cosmos3OmniPipeline.from_pretrained(sound_folder)
     pipe.set_progress_bar_config(disable=True)
-    model = _sft_model(sound_folder, guidance)
+    model = sft_model(sound_folder, TINY_COSMOS3_SOUND, guidance, SHAPES["video"], SHAPES)
     codec = load_codec(sound_folder)
     assert codec.sample_rate == 96
     sampler = PromptSampler(model, model.net, "net", codec, steps=3, guidance=guidance)

@@ -10,9 +10,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from fastgen_testing import random_frames
 from tiny_cosmos_predict25 import (
     TEXT_TOKENS,
     cosmos_predict25_pipeline,
@@ -42,13 +42,6 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("cosmos_predict25") / "pipeline"
     save_pipeline(cosmos_predict25_pipeline(tiny_transformer(TINY_COSMOS_PREDICT25)), path)
     return path
-
-
-def _frame(seed: int) -> Any:
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8))
 
 
 def _clip(frame: Any) -> torch.Tensor:
@@ -113,7 +106,7 @@ def test_the_codec_encodes_as_the_pipeline(folder: Path) -> None:
     layers = text.view(2, TEXT_TOKENS, 2, 16)
     torch.testing.assert_close(layers.mean(-1), torch.zeros(2, TEXT_TOKENS, 2), atol=1e-5, rtol=0)
 
-    frame = _frame(4)
+    frame = random_frames(1, 4)[0]
     from tiny_cosmos_predict25 import to_tensor
 
     image = to_tensor(frame).unsqueeze(0)
@@ -161,7 +154,7 @@ def test_teacher_sampling_is_the_pipelines(folder: Path, monkeypatch: pytest.Mon
     sampling = diffusers_sampling("cosmos25", plan, net)
     assert sampling.call["guidance_scale"] == guidance
     pipe.scheduler = sampling.scheduler
-    frame = _frame(2)
+    frame = random_frames(1, 2)[0]
     seed = 7
     media = {"image": frame} if image else {}
     theirs = pipe(prompt=PROMPT, height=16, width=16, num_frames=5, max_sequence_length=TEXT_TOKENS,
@@ -262,7 +255,7 @@ def test_exports_reload_as_the_25_pipeline_and_sample_as_fastgen(folder: Path, o
                       max_sequence_length=TEXT_TOKENS, output_type="latent", **info["call"]).frames
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
         if which == "teacher":
-            frame = _frame(3)
+            frame = random_frames(1, 3)[0]
             image = pipe(prompt=PROMPT, image=frame, generator=torch.Generator().manual_seed(6), height=16, width=16,
                          num_frames=5, max_sequence_length=TEXT_TOKENS, output_type="latent", **info["call"]).frames
             clean, k = conditioning_latents(codec, [_clip(frame)], 5)

@@ -9,9 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from fastgen_testing import random_frames
 from tiny_cosmos_predict2 import (
     TEXT_TOKENS,
     cosmos_predict2_pipeline,
@@ -45,14 +45,6 @@ def world_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _frames(count: int, seed: int) -> list[Any]:
-    """``count`` random 16x16 RGB PIL frames."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    return [Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)) for _ in range(count)]
-
-
 @pytest.mark.parametrize(("clip_frames", "given", "guidance"), [(1, 1, 0.0), (3, 2, 3.0)], ids=["image", "clip-guided"])
 def test_video_to_world_sampling_is_the_pipelines(world_folder: Path, monkeypatch: pytest.MonkeyPatch,
                                                   clip_frames: int, given: int, guidance: float) -> None:
@@ -75,7 +67,7 @@ def test_video_to_world_sampling_is_the_pipelines(world_folder: Path, monkeypatc
     net = _net()
     net.backbone.load_pretrained(str(world_folder))
     codec = load_codec(world_folder, max_sequence_length=TEXT_TOKENS)
-    frames = _frames(clip_frames, seed=clip_frames)
+    frames = random_frames(clip_frames, seed=clip_frames)
     model = SimpleNamespace(config=load_config("Digits/config_sft_digits").model, noise_scheduler=net.noise_scheduler)
     plan = plan_of(model, "teacher", 4, guidance + 1.0)
     seed = 7
@@ -349,7 +341,7 @@ def test_a_video_to_world_export_reloads_and_continues_an_image_as_fastgen_does(
     assert info["family"] == "cosmos2" and info["pipeline"] == "Cosmos2VideoToWorldPipeline"
     pipe = load_pipeline(tmp_path / "net")
     assert type(pipe).__name__ == "Cosmos2VideoToWorldPipeline"
-    frame = _frames(1, seed=11)[0]
+    frame = random_frames(1, seed=11)[0]
     theirs = pipe(prompt=PROMPT, image=frame, height=16, width=16, num_frames=5, fps=16,
                   max_sequence_length=TEXT_TOKENS, output_type="latent", generator=torch.Generator().manual_seed(3),
                   **info["call"]).frames
