@@ -1,13 +1,19 @@
 """Network configs for Cosmos 3 (``fastgen.networks.cosmos3``): ``Cosmos3OmniTransformer`` on rectified flow.
 Needs ``pip install 'fastgen[diffusers]'``.
 
-The architecture dicts are typed from diffusers' ``Cosmos3OmniTransformer`` defaults, its conversion script
-(``scripts/convert_cosmos3_to_diffusers.py``: the Nano checkpoint is built on Qwen3-VL-8B-Instruct's tokenizer and
-Wan 2.2 TI2V-5B's VAE - 48 latent channels, 16x spatial and 4x temporal compression) and the published sizes
-(Nano: 8B reasoner + 8B generator; Super: 32B + 32B), **not read from the released ``config.json``** - no
-weights could be downloaded here. The uncertain fields are named at each dict; ``model.pretrained_model_path``
-replaces the whole dict with the folder's own ``transformer/config.json`` when a run starts
-(``adopt_folder_architecture``), so only ``fastgen dryrun`` figures depend on them.
+The architecture dicts are checked field by field against NVIDIA/cosmos-framework: the released checkpoints'
+model configs (``cosmos_framework/inference/configs/model/Cosmos3-Nano.yaml`` and ``Cosmos3-Super.yaml``), the
+Qwen3-VL text configs they build on (``cosmos_framework/model/generator/reasoner/qwen3_vl/configs/
+Qwen3-VL-8B-Instruct.json`` and ``Qwen3-VL-32B-Instruct.json``) and its diffusers converter
+(``cosmos_framework/inference2/_convert_model_to_diffusers.py``, with ``arch_mapping.py``: which model-config entry
+becomes which ``Cosmos3OmniTransformer`` argument); and against diffusers' ``Cosmos3OmniTransformer``
+(huggingface/diffusers, ``src/diffusers/models/transformers/transformer_cosmos3.py``; its own conversion script,
+``scripts/convert_cosmos3_to_diffusers.py``, was removed from diffusers and survives only in its history). The
+released ``transformer/config.json`` itself was not read - no weights or Hub files could be downloaded here;
+``model.pretrained_model_path`` replaces the whole dict with the folder's own ``transformer/config.json`` when a run
+starts (``adopt_folder_architecture``), so only ``fastgen dryrun`` figures depend on it. The pipeline builds on
+Qwen3-VL-8B-Instruct's tokenizer and Wan 2.2 TI2V-5B's VAE (48 latent channels, 16x spatial and 4x temporal
+compression).
 """
 
 from __future__ import annotations
@@ -21,9 +27,12 @@ from fastgen.configs.net import flow_schedule
 
 #: Cosmos3-Nano's transformer: a Qwen3-VL-8B text stack twice (understanding + generation streams): 36 layers,
 #: 4096 wide, 32 query / 8 key-value heads of 128, SiLU MLPs of 12288, vocabulary 151936, mRoPE sections
-#: (24, 20, 20) at theta 5e6 - diffusers' defaults. Uncertain: ``sound_dim`` 64 (the AVAE's 128-channel encoder
-#: halved by its VAE bottleneck; hop 1920 at 48 kHz = 25 latents/s = ``sound_latent_fps``), ``action_dim`` 64 with
-#: 32 embodiment domains (frozen here: fastgen trains video and sound), ``rope_scaling``.
+#: (24, 20, 20) at theta 5e6 (``Qwen3-VL-8B-Instruct.json``; ``rope_axes_dim`` stands for its ``rope_scaling``'s
+#: ``mrope_section``). From ``Cosmos3-Nano.yaml``: 48 latent channels in 2x2 patches (192 a token), fps modulation
+#: at base 24, the mRoPE reset and 15000 margin, sound generation on 64 channels (the 48 kHz AVAE, hop 1920: 25
+#: latents/s), action generation on 64 channels (``max_action_dim``) with 32 embodiment domains (frozen
+#: here: fastgen trains video and sound). ``timestep_scale`` 0.001 is the converter's
+#: 1 / ``num_train_timesteps`` (1000) x ``timestep_range`` (1).
 COSMOS3_NANO: dict[str, Any] = {
     "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
     "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rope_theta": 5000000.0,
@@ -34,12 +43,13 @@ COSMOS3_NANO: dict[str, Any] = {
     "sound_latent_fps": 25.0, "action_gen": True, "action_dim": 64, "num_embodiment_domains": 32,
 }
 #: Cosmos3-Super's transformer: a Qwen3-VL-32B text stack twice - 64 layers, 5120 wide, 64 query / 8 key-value
-#: heads of 128, MLPs of 25600. Uncertain: all of it beyond "32B + 32B" (typed from Qwen3-VL-32B's published text
-#: config), and the sound / action heads as Nano's.
+#: heads of 128, MLPs of 25600 (``Qwen3-VL-32B-Instruct.json``); every other field as Nano's (``Cosmos3-Super.yaml``
+#: differs from ``Cosmos3-Nano.yaml`` only in the text config, the reasoner it starts from and training settings).
 COSMOS3_SUPER: dict[str, Any] = {**COSMOS3_NANO, "hidden_size": 5120, "intermediate_size": 25600,
                                  "num_hidden_layers": 64, "num_attention_heads": 64}
 #: The pipeline's scheduler (``UniPCMultistepScheduler``, flow prediction) approximates Cosmos 3's native
-#: ``FlowUniPCMultistepScheduler`` with shift 5 (the conversion script's comment); fastgen's sampling grid shifts by it.
+#: ``FlowUniPCMultistepScheduler`` with shift 5 (a comment of diffusers' since-removed conversion script); fastgen's
+#: sampling grid shifts by it. (The training configs shift by resolution: 3, 5 and 10 at 256, 480 and 720.)
 COSMOS3_SHIFT = 5.0
 #: The VAE's compression (Wan 2.2 TI2V-5B: 4 in time, 16 in space) and channels, for ``cosmos3_latent_shape``.
 COSMOS3_LATENTS: dict[str, int] = {"channels": 48, "temporal": 4, "spatial": 16}

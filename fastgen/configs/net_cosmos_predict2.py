@@ -1,17 +1,18 @@
 """Network configs for Cosmos Predict2 (``fastgen.networks.cosmos_predict2``): ``CosmosTransformer3DModel`` on its
 EDM-time rectified-flow schedule (``EDMFlowScheduler``). Needs ``pip install 'fastgen[diffusers]'``.
 
-The architecture dicts are **typed from memory** of diffusers' conversion script
-(``scripts/convert_cosmos_to_diffusers.py``, the "Cosmos-2.0-Diffusion-*" entries) and the released
-``transformer/config.json`` files - no weights or configs could be downloaded here. Sure: the widths, depths and
-head counts (2B: 28 blocks of 16 heads of 128; 14B: 36 blocks of 40 heads of 128), T5-11B's 1024-wide text, the
-adaptive-LayerNorm LoRA of 256, ``1 x 2 x 2`` patches of 16 latent channels, the padding-mask channel, and the
-video-to-world models' extra condition-mask channel (``in_channels`` 17). Unsure: ``rope_scale`` (``(1, 4, 4)`` for
-text-to-image, ``(1, 3, 3)`` for video-to-world typed here), ``max_size`` and ``extra_pos_embed_type`` (None for the
-2.0 models: no learnable positions; Cosmos 1.0 had them). None of the unsure fields changes the parameter count by
-more than the learnable positions (``(128 + 120 + 120) x width``, 0.75M for 2B) or the memory figures of ``fastgen
-dryrun``; ``model.pretrained_model_path`` replaces the whole dict with the folder's own ``config.json`` when a run
-starts (``adopt_folder_architecture``).
+The architecture dicts are the "Cosmos-2.0-Diffusion-{2B,14B}-{Text2Image,Video2World}" entries of diffusers'
+conversion script (huggingface/diffusers, ``scripts/convert_cosmos_to_diffusers.py``, ``TRANSFORMER_CONFIGS``), field
+for field, the config that script writes to each ``transformer/config.json``; all four also agree with
+nvidia-cosmos/cosmos-predict2's own network configs (``cosmos_predict2/configs/base/config_text2image.py`` and
+``config_video2world.py``: width, depth, heads, adaptive-LayerNorm LoRA, RoPE extrapolation ratios). 2B: 28 blocks of
+16 heads of 128; 14B: 36 blocks of 40 heads of 128; T5-11B's 1024-wide text, the adaptive-LayerNorm LoRA of 256,
+``1 x 2 x 2`` patches of 16 latent channels, the padding-mask channel, the video-to-world models' extra condition-mask
+channel (``in_channels`` 17), no learnable positions (``extra_pos_embed_type`` None: the source configs have no
+per-block absolute embedding). ``rope_scale`` (time, height, width): ``(1, 4, 4)`` for both text-to-image models,
+``(1, 3, 3)`` for 2B video-to-world and ``(20/24, 2, 2)`` for 14B video-to-world; it and ``max_size`` set no
+parameter. The released ``config.json`` files themselves could not be downloaded here; ``model.pretrained_model_path``
+replaces the whole dict with the folder's own ``config.json`` when a run starts (``adopt_folder_architecture``).
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ COSMOS_PREDICT2_2B_T2I: dict[str, Any] = {
 }
 #: Cosmos-Predict2-14B-Text2Image's transformer: 36 blocks, 5120 wide (40 heads of 128).
 COSMOS_PREDICT2_14B_T2I: dict[str, Any] = {**COSMOS_PREDICT2_2B_T2I, "num_attention_heads": 40, "num_layers": 36}
-#: The Video2World models: the same transformers reading a condition-mask channel besides the latents.
+#: The Video2World models: the same transformers reading a condition-mask channel besides the latents, with their own
+#: RoPE extrapolation (2B: 3 in space; 14B: 2 in space and 20/24 in time).
 COSMOS_PREDICT2_2B_V2W: dict[str, Any] = {**COSMOS_PREDICT2_2B_T2I, "in_channels": 17, "rope_scale": [1.0, 3.0, 3.0]}
 COSMOS_PREDICT2_14B_V2W: dict[str, Any] = {**COSMOS_PREDICT2_14B_T2I, "in_channels": 17,
-                                           "rope_scale": [1.0, 3.0, 3.0]}
+                                           "rope_scale": [20.0 / 24.0, 2.0, 2.0]}
 #: The pipelines' EDM constants (``Cosmos2TextToImagePipeline.__init__`` registers them into its scheduler).
 COSMOS_PREDICT2_SIGMAS: dict[str, float] = {"sigma_min": 0.002, "sigma_max": 80.0, "sigma_data": 1.0}
 #: Wan 2.1's VAE: 16 channels, 4x in time, 8x in space; for ``cosmos_predict2_latent_shape``.
@@ -73,7 +75,8 @@ def cosmos_predict2_latent_shape(num_frames: int, height: int, width: int,
 def cosmos_predict2_schedule(P_mean: float = 0.0, P_std: float = 1.0) -> DictConfig:  # noqa: N803 - paper names
     """``EDMFlowScheduler`` with the pipelines' ``sigma_min`` 0.002, ``sigma_max`` 80, ``sigma_data`` 1 and Karras'
     ``rho`` 7 (what their scheduler's ``use_karras_sigmas`` grid uses). ``P_mean`` / ``P_std``: the training
-    distribution of ``ln sigma`` (0 and 1: a logit-normal flow time; typed from memory of Cosmos' ``EDMSDE``)."""
+    distribution of ``ln sigma`` (0 and 1: a logit-normal flow time; as nvidia-cosmos/cosmos-predict2's
+    ``RectifiedFlowAB2Scheduler.sample_sigma`` draws it, ``cosmos_predict2/schedulers/rectified_flow_scheduler.py``)."""
     return LazyCall("fastgen.networks.noise_schedules.EDMFlowScheduler")(
         **COSMOS_PREDICT2_SIGMAS, P_mean=P_mean, P_std=P_std, rho=7.0,
     )

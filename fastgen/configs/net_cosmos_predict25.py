@@ -2,17 +2,23 @@
 with its Qwen2.5-VL text projection, on rectified flow (``RectifiedFlowScheduler``). Needs ``pip install
 'fastgen[diffusers]'``.
 
-The 2B architecture is typed from memory of diffusers' conversion script (``scripts/convert_cosmos_to_diffusers.py``,
-the ``"Cosmos-2.5-Predict-Base-2B"`` entry) and checked against a public copy of that entry; no weights or released
-``config.json`` could be downloaded here. Sure: Predict2-2B's blocks (28 of 16 heads of 128, 2048 wide, adaptive
-LayerNorm LoRA of 256, ``1 x 2 x 2`` patches of 16 channels, the padding-mask channel), the condition-mask channel
-(``in_channels`` 17), the projection of the 100,352-wide Qwen2.5-VL-7B states (28 layers x 3584) to the blocks'
-1024-wide text (``use_crossattn_projection``, ``crossattn_proj_in_channels``, ``encoder_hidden_states_channels``).
-Unsure: ``rope_scale`` ``(1, 3, 3)`` and ``extra_pos_embed_type`` None (the conversion notes the source config
-asks for learnable positions but has no weights for them). Of the schedule: the training ``shift`` 5 (no dynamic
-shift) is from a public copy of the Predict 2.5 training config; the logit-normal training times (mean 0, std 1)
-are fastgen's default, not checked. ``model.pretrained_model_path`` replaces the architecture dict with the folder's
-own ``transformer/config.json`` when a run starts (``adopt_folder_architecture``).
+The architecture dicts are the "Cosmos-2.5-Predict-Base-2B" and "-14B" entries of diffusers' conversion script
+(huggingface/diffusers, ``scripts/convert_cosmos_to_diffusers.py``, ``TRANSFORMER_CONFIGS``), field for field - the
+config that script writes to ``transformer/config.json`` for the checkpoints of ``nvidia/Cosmos-Predict2.5-2B`` and
+``-14B``; the released ``config.json`` files themselves could not be downloaded here. Predict2-2B's blocks (28 of 16
+heads of 128, 2048 wide, adaptive LayerNorm LoRA of 256, ``1 x 2 x 2`` patches of 16 channels, the padding-mask
+channel), the condition-mask channel (``in_channels`` 17), ``rope_scale`` ``(1, 3, 3)``, the projection of the
+100,352-wide Qwen2.5-VL-7B states (28 layers x 3584) to the blocks' 1024-wide text (``use_crossattn_projection``,
+``crossattn_proj_in_channels``, ``encoder_hidden_states_channels``); ``extra_pos_embed_type`` None although the source
+config asks for learnable positions, because the checkpoints hold no weights for them (the script's own note). The 2B
+RoPE ratios and text projection also match the training experiment of the released pre-trained checkpoint in
+nvidia-cosmos/cosmos-predict2.5 (named in ``cosmos_predict2/_src/imaginaire/utils/checkpoint_db.py``, defined in
+``cosmos_predict2/_src/predict2/configs/video2world/experiment/reason_embeddings/model_2B_reason_1p1_rectified_flow.py``),
+and so does the schedule: training ``shift`` 5 with no dynamic shift, logit-normal training times (a sigmoid of a
+standard normal, mean 0 and std 1: ``cosmos_predict2/_src/predict2/schedulers/rectified_flow.py``).
+``model.pretrained_model_path`` replaces the architecture dict with the folder's own ``transformer/config.json`` when
+a run starts (``adopt_folder_architecture``).
+
 
 **The shift and exports.** ``Cosmos2_5_PredictBasePipeline`` takes no ``sigmas``; fastgen's export writes a
 ``FlowMatchEulerDiscreteScheduler`` (no shift, ``shift_terminal`` = the last time) that reproduces a uniform grid
@@ -30,8 +36,8 @@ from omegaconf import DictConfig
 from fastgen.configs.instantiate import LazyCall
 from fastgen.configs.net_cosmos_predict2 import COSMOS_PREDICT2_LATENTS, cosmos_predict2_latent_shape
 
-#: Cosmos-Predict2.5-2B's transformer (``nvidia/Cosmos-Predict2.5-2B``, diffusers revision): Predict2-2B's blocks
-#: reading a condition mask, with the 100,352 -> 1024 projection of Qwen2.5-VL-7B's states (module docstring).
+#: Cosmos-Predict2.5-2B's transformer (``nvidia/Cosmos-Predict2.5-2B``, as diffusers converts it): Predict2-2B's
+#: blocks reading a condition mask, with the 100,352 -> 1024 projection of Qwen2.5-VL-7B's states (module docstring).
 COSMOS_PREDICT25_2B: dict[str, Any] = {
     "in_channels": 17, "out_channels": 16, "num_attention_heads": 16, "attention_head_dim": 128, "num_layers": 28,
     "mlp_ratio": 4.0, "text_embed_dim": 1024, "adaln_lora_dim": 256, "max_size": [128, 240, 240],

@@ -68,7 +68,9 @@ QWEN_IMAGE_SCHEDULER: dict[str, Any] = {
 
 #: CogVideoX-5b's transformer (``THUDM/CogVideoX-5b``, ``transformer/config.json``): 42 blocks, 3072 wide (48 heads of
 #: 64), T5-XXL's 4096-wide states of 226 tokens, 3-D rotary positions; trained on 49 frames of 480x720
-#: (13x60x90 latents).
+#: (13x60x90 latents). Checked against diffusers' ``scripts/convert_cogvideox_to_diffusers.py`` (huggingface/diffusers:
+#: its version-1.0 sizes and the 5b / 2b values its arguments document), ``CogVideoXTransformer3DModel``'s defaults
+#: for the rest.
 COGVIDEOX_5B: dict[str, Any] = {
     "num_attention_heads": 48, "attention_head_dim": 64, "in_channels": 16, "out_channels": 16, "flip_sin_to_cos": True,
     "freq_shift": 0, "time_embed_dim": 512, "text_embed_dim": 4096, "num_layers": 42, "dropout": 0.0,
@@ -83,7 +85,8 @@ COGVIDEOX_2B: dict[str, Any] = {**COGVIDEOX_5B, "num_attention_heads": 30, "num_
                                 "use_rotary_positional_embeddings": False}
 #: The ``scheduler/scheduler_config.json`` entries of CogVideoX-5b (``CogVideoXDDIMScheduler``) that define its
 #: training schedule: scaled-linear betas, v prediction, zero terminal SNR, no SNR shift (2b: ``snr_shift_scale``
-#: 3.0, ``COGVIDEOX_2B_SCHEDULER``); ``timestep_spacing="trailing"`` is the grid ``DiscreteVPScheduler`` samples.
+#: 3.0, ``COGVIDEOX_2B_SCHEDULER``); ``timestep_spacing="trailing"`` is the grid ``DiscreteVPScheduler`` samples. The
+#: same values as the scheduler config that conversion script writes.
 COGVIDEOX_5B_SCHEDULER: dict[str, Any] = {
     "num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
     "prediction_type": "v_prediction", "rescale_betas_zero_snr": True, "snr_shift_scale": 1.0,

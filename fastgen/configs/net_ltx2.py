@@ -18,10 +18,17 @@ from fastgen.configs.instantiate import LazyCall
 from fastgen.configs.net import flow_schedule
 from fastgen.configs.net_diffusers import qwenimage_shift
 
-#: LTX-2 (19B, ``Lightricks/LTX-2``, ``transformer/config.json``) - typed from memory of the published config and
-#: diffusers' conversion script, not read from the file: 48 blocks; video 4096 wide (32 heads of 128) over 128-channel
-#: latents, audio 2048 wide (32 heads of 64) over 8 channels x 16 mel bins; Gemma-3-12B's 3840-wide states, projected
-#: by the transformer itself (LTX-2.0). Unsure: ``rope_type`` ("split") and ``cross_attn_timestep_scale_multiplier``.
+#: LTX-2 (19B, ``Lightricks/LTX-2``): every field checked against the ``version == "2.0"`` transformer entry of
+#: diffusers' ``scripts/convert_ltx2_to_diffusers.py`` (huggingface/diffusers) - the config its conversion writes to
+#: ``transformer/config.json`` - and against the defaults of ltx-core's transformer configurator
+#: (Lightricks/LTX-2, ``packages/ltx-core/src/ltx_core/model/transformer/model_configurator.py``): 48 blocks; video
+#: 4096 wide (32 heads of 128) over 128-channel latents, audio 2048 wide (32 heads of 64) over 8 channels x 16 mel
+#: bins; Gemma-3-12B's 3840-wide states, projected by the transformer itself (LTX-2.0: ``use_prompt_embeddings``),
+#: ``rope_type`` "split". The entry's other keys (no gated attention, no cross-attention modulation,
+#: ``perturbed_attn`` False, FFN biases) are ``LTX2VideoTransformer3DModel``'s defaults, so they are left out here.
+#: Not checkable without the checkpoint: ``cross_attn_timestep_scale_multiplier`` 1000 is the conversion script's
+#: value; ltx-core reads its counterpart (``av_ca_timestep_scale_multiplier``) from the checkpoint's metadata and
+#: falls back to 1 - it sets no parameter, only the audio-video cross-attention gates' time input.
 #: No ``perturbed_attn`` (LTX-2.0's blocks ignore STG, so ``model.stg_scale`` is refused on it; LTX-2.3's sets it).
 LTX2_19B: dict[str, Any] = {
     "in_channels": 128, "out_channels": 128, "patch_size": 1, "patch_size_t": 1, "num_attention_heads": 32,
@@ -37,13 +44,15 @@ LTX2_19B: dict[str, Any] = {
 }
 #: LTX-2's ``scheduler/scheduler_config.json`` entries that set its sampling times (``FlowMatchEulerDiscreteScheduler``
 #: with the exponential dynamic shift): ``mu`` linear in the video token count between (1024, 0.95) and (4096, 2.05),
-#: and the grid's last time stretched to ``shift_terminal`` - the defaults ``LTX2Pipeline`` falls back to, and (from
-#: memory, unsure) 0.1 for the terminal.
+#: and the grid's last time stretched to ``shift_terminal`` 0.1 - the scheduler diffusers' conversion script
+#: (``scripts/convert_ltx2_to_diffusers.py``) builds for the non-distilled checkpoint (the distilled one: no dynamic
+#: shift, no terminal).
 LTX2_SCHEDULER: dict[str, Any] = {
     "base_image_seq_len": 1024, "max_image_seq_len": 4096, "base_shift": 0.95, "max_shift": 2.05, "shift_terminal": 0.1,
 }
-#: The VAEs' compressions (LTX-2's video VAE: 8 in time, 32 in space; its audio VAE: 4 in time and in mel bins,
-#: 16 kHz with a 160-sample hop) and latent channels, for ``ltx2_modality_shapes``.
+#: The VAEs' compressions (LTX-2's video VAE: 8 in time, 32 in space, 128 latent channels; its audio VAE: 4 in time
+#: and in mel bins, 8 latent channels over 64 mel bins, 16 kHz with a 160-sample hop), for ``ltx2_modality_shapes``;
+#: from the 2.0 video and audio VAE entries of diffusers' ``scripts/convert_ltx2_to_diffusers.py``.
 LTX2_LATENTS: dict[str, Any] = {
     "channels": 128, "temporal": 8, "spatial": 32, "audio_channels": 8, "mel_bins": 64, "audio_compression": 4,
     "sample_rate": 16000, "hop_length": 160,

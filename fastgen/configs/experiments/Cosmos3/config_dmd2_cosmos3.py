@@ -10,7 +10,7 @@ pipeline's default ``guidance_scale``; plain CFG) against the null condition, wh
 prompt tokenised from the folder's ``text_tokenizer/`` (``fastgen.networks.cosmos3``).
 
 Memory per rank, an **estimate** (``fastgen dryrun``; not measured - no GPU was lent to this project; the
-architecture typed from diffusers' defaults, ``fastgen.configs.net_cosmos3``): 15,173,669,120 parameters per
+architecture checked against public sources, ``fastgen.configs.net_cosmos3``): 15,173,669,120 parameters per
 network, 13,727,537,280 of them trained in the student and the fake score; 59.6 GiB of state per rank on 8 ranks
 (weights of net, teacher and fake score, gradients and Adam of the two trained ones) and 7.54 GiB on 64. The
 training peak needs the data to trace.

@@ -14,7 +14,7 @@ export to ``Cosmos2TextToImagePipeline`` takes that step and stops at ``sigma_mi
 (``model.t_list``) trains and samples in fastgen, but the pipeline's scheduler cannot re-noise between its steps.
 
 Memory per rank, an **estimate** (``fastgen dryrun``; not measured - no GPU was lent to this project; the
-architecture typed from memory, ``fastgen.configs.net_cosmos_predict2``): 1,956,405,248 parameters per network; 8.22
+architecture verified, ``fastgen.configs.net_cosmos_predict2``): 1,956,405,248 parameters per network; 8.22
 GiB of state per rank on 8 ranks (weights of net, teacher and fake score, gradients and Adam of the two trained ones)
 and 1.05 GiB on 64; with ``COSMOS_PREDICT2_14B_T2I`` (14,265,265,152 parameters) 59.8 GiB and 7.50 GiB. The training
 peak needs the data to trace.

@@ -15,7 +15,7 @@ frame (text to world). Its export to ``Cosmos2_5_PredictBasePipeline`` needs tim
 ``FlowMatchEulerDiscreteScheduler`` reproduces (a uniform grid from 1: one step always; more steps with ``shift=1.0``).
 
 Memory per rank, an **estimate** (``fastgen dryrun --nproc-per-node 8`` and ``--nnodes 8 --nproc-per-node 8``; not
-measured - no GPU was lent to this project; the architecture typed from memory, ``fastgen.configs.net_cosmos_predict25``):
+measured - no GPU was lent to this project; the architecture verified, ``fastgen.configs.net_cosmos_predict25``):
 2,059,174,912 parameters per network; 9.20 GiB of state per rank on 8 ranks (weights of net, teacher and fake score,
 gradients and Adam of the two trained ones, the prompt banks) and 1.65 GiB on 64; the codec's sharded Qwen2.5-VL-7B
 adds about 1.9 GiB and 250 MiB (a hand estimate). The training peak needs the data to trace.

@@ -17,7 +17,7 @@ default). FSDP2 on a meta-device build, bfloat16 autocast, activation checkpoint
 1e-5 (as the other fine-tunes).
 
 Memory per rank, an **estimate** (``fastgen dryrun``; not measured - no GPU was lent to this project; the
-architecture typed from memory, ``fastgen.configs.net_cosmos_predict2``): 1,956,405,248 parameters; 4.57 GiB of state
+architecture verified, ``fastgen.configs.net_cosmos_predict2``): 1,956,405,248 parameters; 4.57 GiB of state
 per rank on 8 ranks (the network and its EMA, gradients, Adam) and 599 MiB on 64; with ``COSMOS_PREDICT2_14B_T2I``
 (14,265,265,152 parameters) 33.2 GiB and 4.17 GiB. The training peak needs the data to trace.
 """

@@ -28,7 +28,7 @@ build, bfloat16 autocast, activation checkpointing over the 28 blocks; AdamW at 
 by every rank) for the W&B samples.
 
 Memory per rank, an **estimate** (``fastgen dryrun --nproc-per-node 8`` and ``--nnodes 8 --nproc-per-node 8``; not
-measured - no GPU was lent to this project; the architecture typed from memory, ``fastgen.configs.net_cosmos_predict25``):
+measured - no GPU was lent to this project; the architecture verified, ``fastgen.configs.net_cosmos_predict25``):
 2,059,174,912 parameters (Predict2-2B's blocks and the 100,352 -> 1024 text projection, 102,761,472); 5.18 GiB of
 state per rank on 8 ranks (the network and its EMA, gradients, Adam, and each copy's 196 MiB prompt bank, held whole)
 and 1006 MiB on 64. The codec's sharded Qwen2.5-VL-7B (about 8.3B parameters in bfloat16) adds about 1.9 GiB on 8

@@ -22,7 +22,7 @@ FSDP2 on a meta-device build, bfloat16 autocast, activation checkpointing over t
 samples during training are text-to-world (no given frame: an all-zero condition mask).
 
 Memory per rank, an **estimate** (``fastgen dryrun``; not measured - no GPU was lent to this project; the
-architecture typed from memory, ``fastgen.configs.net_cosmos_predict2``): 1,956,413,440 parameters (the text-to-image
+architecture verified, ``fastgen.configs.net_cosmos_predict2``): 1,956,413,440 parameters (the text-to-image
 model's and 8,192 patch-embedding weights for the mask channel); 4.57 GiB of state per rank on 8 ranks (the
 network and its EMA, gradients, Adam) and 599 MiB on 64. The 84,480 tokens of a 93-frame clip (24 x 44 x 80 patches) make activations
 the larger part: the training peak needs the data to trace.
