@@ -32,8 +32,14 @@ Examples:
 \b
   # WebDataset shards of jpg/png/mp4 + txt, from S3 (credentials: --credentials-dir/s3.json or AWS_*);
   # videos for Wan: 33 frames, every 2nd, at 480x480
-  fastgen encode-data s3://bucket/clips/ data/wan_latents --weights /weights/Wan2.1-T2V-1.3B-Diffusers \
+  fastgen encode-data s3://bucket/clips/ data/wan_latents --weights /weights/Wan2.1-T2V-1.3B-Diffusers \\
       --resolution 480 --frames 33 --frame-stride 2
+
+\b
+  # LTX-2: clips with sound -> video latents, audio latents (log-mel through its audio VAE) and Gemma-3 text;
+  # 121 frames (8 k + 1) at 24 fps, their 5.04 s of sound; clips without an audio track are skipped
+  fastgen encode-data clips/ data/ltx2_19b_latents --weights /weights/LTX-2 --resolution 512 --frames 121 \\
+      --dtype bfloat16 --nproc-per-node 8
 
 \b
   # then train on them
@@ -42,8 +48,8 @@ Examples:
 
 SRC: a folder of images / videos with same-name .txt captions, or WebDataset shards (a folder of .tar files or
 s3://bucket/prefix) whose samples hold jpg/png/webp/mp4 + txt. DST (a local folder or s3://bucket/prefix) gets shard-NNNNNN.tar
-(latent.npy, text.npy and the family's extras - pooled.npy for Flux, text_mask.npy for Wan -, txt, json per
-sample), shard-NNNNNN.json (complete shards: kept on a re-run), empty_prompt.npz and index.json. Inputs that
+(latent.npy, text.npy and the family's extras - pooled.npy for Flux, text_mask.npy for Wan, audio_latent.npy for
+LTX-2 and Cosmos 3 with sound -, txt, json per sample), shard-NNNNNN.json (complete shards: kept on a re-run), empty_prompt.npz and index.json. Inputs that
 cannot be read, have no caption, or are too short for --frames are skipped and counted (--strict: an error).
 """
 
@@ -66,6 +72,7 @@ def encode_data(
     node_rank: int = node_rank_option(),
     rdzv_endpoint: Optional[str] = rdzv_endpoint_option(),
     rdzv_id: Optional[str] = rdzv_id_option(),
+    no_sound: bool = typer.Option(False, "--no-sound", help="Cosmos 3 with a sound tokenizer: encode the video alone (LTX-2 always needs the sound)."),
     log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
     """Encode captioned images into latent + text-embedding shards for the latent recipes."""
@@ -94,9 +101,8 @@ def encode_data(
         load_credentials(credentials_dir)
     shards = _shards(src, shard_size)
     family = codec_family(folder)
-    if family == "ltx2":  # its samples hold sound too: video-only shards would not train it
-        raise UsageError(f"{folder}: encode-data does not encode LTX-2's audio stream yet; encode clips with "
-                         "fastgen.networks.ltx2_codec.LTX2Codec (encode_images, encode_audio, encode_prompts)")
+    if family == "ltx2" and no_sound:  # its networks generate both streams: video-only shards would not train them
+        raise UsageError("--no-sound: LTX-2 trains its video and audio streams together, so its shards need the sound")
     _check_frames(family, folder, frames)
     if wants_launch(nproc_per_node, nnodes):
         from fastgen.cli.launching import launch_this_command
@@ -104,7 +110,7 @@ def encode_data(
         launch_this_command(nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, rdzv_id)
         return
     _encode(shards, src, dst, folder, resolution, batch_size, strict, device, FLOAT_DTYPES[dtype],
-            Frames(frames, frame_stride))
+            Frames(frames, frame_stride), not no_sound)
 
 
 def _shards(src: str, shard_size: int) -> list[Any]:
@@ -117,10 +123,12 @@ def _shards(src: str, shard_size: int) -> list[Any]:
 
 
 def _check_frames(family: str, folder: Path, frames: int) -> None:
-    """Wan's (also Cosmos Predict2's) and CogVideoX's VAEs encode 1 + k n frames (``k``: Wan's config's
-    ``scale_factor_temporal``, CogVideoX's ``temporal_compression_ratio``; ``CogVideoXPipeline`` makes ``(F - 1) // k
+    """Wan's (also Cosmos Predict2's), CogVideoX's and LTX-2's VAEs encode 1 + k n frames (``k``: Wan's config's
+    ``scale_factor_temporal``, CogVideoX's ``temporal_compression_ratio``, LTX-2's the same or, when its config
+    leaves it out, ``patch_size_t`` times 2 per temporal downsampling; ``CogVideoXPipeline`` makes ``(F - 1) // k
     + 1`` latent frames)."""
     keys = {"wan": ("Wan", "scale_factor_temporal"), "cogvideox": ("CogVideoX", "temporal_compression_ratio"),
+            "ltx2": ("LTX-2", "temporal_compression_ratio"),
             "cosmos2": ("Cosmos Predict2's Wan", "scale_factor_temporal"),
             "cosmos25": ("Cosmos Predict 2.5's Wan", "scale_factor_temporal")}
     if family not in keys or frames == 1:
@@ -131,17 +139,24 @@ def _check_frames(family: str, folder: Path, frames: int) -> None:
 
     name, key = keys[family]
     try:
-        temporal = int(json.loads((folder / "vae" / "config.json").read_text()).get(key, 4))
+        config = json.loads((folder / "vae" / "config.json").read_text())
     except (OSError, ValueError):
         return
+    temporal = config.get(key)
+    if temporal is None and family == "ltx2":  # AutoencoderKLLTX2Video derives it: p_t 2^(time downsamplings)
+        scaling = config.get("spatio_temporal_scaling") or (True,) * 4
+        temporal = int(config.get("patch_size_t") or 1) * 2 ** sum(bool(step) for step in scaling)
+    temporal = int(temporal or 4)
     if (frames - 1) % temporal:
         raise UsageError(f"--frames {frames}: {name}'s VAE encodes 1 + {temporal} k frames (e.g. "
                          f"{(frames - 1) // temporal * temporal + 1} or {((frames - 1) // temporal + 1) * temporal + 1})")
 
 
 def _encode(shards: list[Any], source: str, target: str, folder: Path, resolution: int, batch_size: int,
-            strict: bool, device: str, dtype: Any, frames: Any) -> None:
-    """One rank's share (``RANK`` of ``WORLD_SIZE`` under torchrun) of ``shards``, then rank 0's index."""
+            strict: bool, device: str, dtype: Any, frames: Any, sound: bool) -> None:
+    """One rank's share (``RANK`` of ``WORLD_SIZE`` under torchrun) of ``shards``, then rank 0's index.
+    ``sound``: a codec with a sound encoder (``waveform_rate``) also encodes each clip's audio track."""
+    import dataclasses
     import os
 
     from fastgen.cli.download_data import BarProgress, LineProgress
@@ -149,6 +164,7 @@ def _encode(shards: list[Any], source: str, target: str, folder: Path, resolutio
     from fastgen.datasets.encode import Destination, encode_shards, write_index
     from fastgen.evaluation.sampling import resolve_device
     from fastgen.networks.codecs import codec_class, codec_family, load_codec
+    from fastgen.utils.errors import UsageError
 
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     if world > 1:
@@ -158,6 +174,10 @@ def _encode(shards: list[Any], source: str, target: str, folder: Path, resolutio
     # a family whose shards hold no text condition (Cosmos Predict 2.5: codec.text_in_shards) needs no text encoder
     text = bool(getattr(codec_class(codec_family(folder)), "text_in_shards", True))
     codec = load_codec(folder, dtype=dtype, text=text).to(resolve_device(device))
+    if codec.family == "ltx2" and not codec.waveform_rate:
+        raise UsageError(f"{folder}: the LTX-2 pipeline has no audio_vae, which its shards' sound needs")
+    if sound and codec.waveform_rate:
+        frames = dataclasses.replace(frames, sound_rate=codec.waveform_rate)
     progress = (BarProgress() if interactive() else LineProgress()) if rank == 0 else None
     if progress is not None:
         sizes = [shard.size for shard in shards[rank::world]]
@@ -175,7 +195,7 @@ def _encode(shards: list[Any], source: str, target: str, folder: Path, resolutio
             dist.barrier()
         if rank == 0:
             index = write_index(codec, destination, folder, resolution, len(shards),
-                                frames if codec.family == "wan" else None)
+                                frames if codec.video else None)
             out().print(f"wrote {index['samples']} samples in {len(index['shards'])} shard(s) to {target} "
                         f"({index['skipped']} input(s) skipped; rank 0 wrote {done['written']} shard(s), kept "
                         f"{done['kept']})", soft_wrap=True)

@@ -510,6 +510,20 @@ def finish_rank(out_dir: str, rank: int, result: Any) -> None:
     exit_rank()
 
 
+def two_iterations(config: Any, name: str, group: str | None = None, callbacks: dict[str, Any] | None = None) -> Any:
+    """``config`` set for a test's short training run: 2 iterations, logged at each, checkpointed at the last, no
+    validation, only ``callbacks`` (none by default), the run ``group/name`` (the recipe's group unless given)."""
+    config.dataloader_val = None
+    config.trainer.max_iter = 2
+    config.trainer.logging_iter = 1
+    config.trainer.save_ckpt_iter = 2
+    config.trainer.callbacks = DictConfig(dict(callbacks or {}))
+    if group is not None:
+        config.log_config.group = group
+    config.log_config.name = name
+    return config
+
+
 def run_in_process(*args: str) -> subprocess.CompletedProcess:
     """``fastgen ARGS`` in this process (``fastgen.cli.main.main``, what the console script calls), its output
     captured: the same code path and exit codes as ``run_cli`` without paying torch's import for every call."""
@@ -557,9 +571,7 @@ def encode_captioned_images(folder: Path, weights: Path, captions: list[str],
     """``fastgen encode-data`` of one random ``resolution``-square image per caption (written under ``folder``) with
     the pipeline folder ``weights``, on the CPU: ``(the images as uint8 (R, R, 3) arrays, each caption's shard
     members as {field: array} - the ``.npy`` fields loaded - , the shards' index.json)``."""
-    import io
     import json
-    import tarfile
 
     import numpy as np
     from PIL import Image
@@ -575,15 +587,34 @@ def encode_captioned_images(folder: Path, weights: Path, captions: list[str],
     result = run_in_process("encode-data", str(photos), str(shards), "--weights", str(weights),
                             "--resolution", str(resolution), "--device", "cpu")
     assert result.returncode == 0, result.stderr[-2000:]
-    with tarfile.open(shards / "shard-000000.tar") as tar:
-        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
-    by_caption: dict[str, dict[str, Any]] = {}
-    for name, data in members.items():
-        if name.endswith(".txt"):
-            key = name.split(".")[0]
-            by_caption[data.decode()] = {n.split(".", 1)[1].removesuffix(".npy"): np.load(io.BytesIO(d))
-                                         for n, d in members.items() if n.startswith(key + ".") and n.endswith(".npy")}
+    by_caption = {caption: {k: v for k, v in sample.items() if k not in ("txt", "json")}
+                  for caption, sample in shard_samples(shards).items()}
     return images, by_caption, json.loads((shards / "index.json").read_text())
+
+
+def shard_samples(folder: Path) -> dict[str, dict[str, Any]]:
+    """Every sample of ``encode-data``'s shards in ``folder`` by its caption: ``{field: value}`` with the ``.npy``
+    fields loaded (without pickles), ``txt`` the caption, ``json`` parsed."""
+    import io
+    import json
+    import tarfile
+
+    import numpy as np
+
+    samples: dict[str, dict[str, Any]] = {}
+    for shard in sorted(folder.glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar:
+                key, field = member.name.split(".", 1)
+                data = tar.extractfile(member).read()
+                if field == "txt":
+                    value: Any = data.decode()
+                elif field == "json":
+                    value = json.loads(data)
+                else:
+                    value = np.load(io.BytesIO(data), allow_pickle=False)
+                samples.setdefault(f"{shard.name}/{key}", {})[field.removesuffix(".npy")] = value
+    return {sample["txt"]: sample for sample in samples.values()}
 
 
 def check_bank_labels_and_taps(net: Any, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor,

@@ -12,7 +12,12 @@ the frames asked for is skipped and counted (``strict``: an error naming it).
 
 **Pictures.** Each image, and each frame of a video, is centre-cropped to a square and resized to ``resolution``
 with Lanczos (EDM's ``center-crop`` transform). A video gives ``Frames.count`` frames, every ``stride``-th from
-the first (Wan's and CogVideoX's VAEs want ``4 k + 1``: CogVideoX-5b was trained on 49).
+the first (Wan's and CogVideoX's VAEs want ``4 k + 1``: CogVideoX-5b was trained on 49; LTX-2's ``8 k + 1``).
+
+**Sound** (a family that trains on it: LTX-2, and Cosmos 3 with a ``sound_tokenizer``; ``Frames.sound_rate``): the
+clip's audio track over the span of the frames taken, at the rate the family's audio encoder takes, stereo
+(``fastgen.datasets.sound``), through the codec's ``encode_waveforms`` (LTX-2: its log-mel front end and audio VAE;
+Cosmos 3: its sound tokenizer, clip by clip). A video without an audio track, and an image, are skipped.
 
 **Shards** (``DST/shard-NNNNNN.tar``; the WebDataset convention: members ``KEY.FIELD``, ``KEY`` the input's index as
 9 digits, or ``KKKKKK_JJJJJJ`` - input shard and position - for WebDataset sources):
@@ -25,13 +30,15 @@ the first (Wan's and CogVideoX's VAEs want ``4 k + 1``: CogVideoX-5b was trained
   width, crop top, left, target height, width), ``text_mask.npy`` (Wan, Qwen-Image; int64). Not written for a
   family whose codec has ``text_in_shards = False`` (Cosmos Predict 2.5: 512 x 100,352 values a caption), nor its
   ``empty_prompt.npz``: its recipes encode the captions (``txt``) on the fly (``model.encode_batches``);
+* ``audio_latent.npy`` - float32, with sound: LTX-2's normalised ``(C, T_a, M / 4)`` audio latents, Cosmos 3's
+  ``(sound_dim, T)`` sound latents - as many latent frames as the family's pipeline samples for the clip;
 * ``txt`` - the caption; ``json`` - ``{"source", "size": [w, h], "crop": [left, top, side]}`` (videos also
-  ``"frames": [first, stride, count]`` and ``"fps"``).
+  ``"frames": [first, stride, count]`` and ``"fps"``; with sound ``"sound": {"start", "rate", "samples"}``).
 
 Beside them: ``shard-NNNNNN.json`` (written after its tar: the shard is complete; ``samples`` and ``skipped`` with
 reasons), ``empty_prompt.npz`` (the empty prompt's fields once, for guidance and condition dropout) and
 ``index.json`` (the format, the weights folder, the family, the resolution, the latent shape, the frames, the latent
-normalisation, the fields, every shard's count and the totals). **Resume:** a shard whose ``.json`` exists is kept;
+normalisation, the fields, every shard's count and the totals; with sound ``audio_shape`` and ``sound_rate``). **Resume:** a shard whose ``.json`` exists is kept;
 the others are written again (each tar atomically), so a killed run re-run ends with every sample exactly once.
 **S3:** DST may be an ``s3://`` prefix: each file is written locally, uploaded (a tar before its sidecar) and
 removed. **Ranks:** rank ``r`` of ``W`` writes shards ``r, r + W, ...`` (never interleaved); rank 0 writes the index after
@@ -88,10 +95,13 @@ class Source:
 
 @dataclass(frozen=True)
 class Frames:
-    """How a video input becomes frames: ``count`` frames, every ``stride``-th from the first."""
+    """How a video input becomes a clip: ``count`` frames, every ``stride``-th from the first; with a
+    ``sound_rate`` (a family that trains on sound: ``Codec.waveform_rate``) also the audio track over their span
+    (``fastgen.datasets.sound``) at that rate."""
 
     count: int = 17
     stride: int = 1
+    sound_rate: int = 0
 
 
 @dataclass
@@ -162,14 +172,18 @@ def shard_name(shard: int) -> str:
     return f"shard-{shard:06d}"
 
 
-def _video_frames(source: Source, resolution: int, frames: Frames) -> tuple[np.ndarray, dict[str, Any]]:
-    """``(F, R, R, 3)`` uint8: ``frames.count`` frames, every ``frames.stride``-th, each centre-cropped and resized."""
+def _video_frames(source: Source, resolution: int,
+                  frames: Frames) -> tuple[np.ndarray, dict[str, Any], np.ndarray | None]:
+    """``(F, R, R, 3)`` uint8: ``frames.count`` frames, every ``frames.stride``-th, each centre-cropped and resized;
+    their json; with ``frames.sound_rate`` the sound over their span (``(2, N)`` float32)."""
     import av
 
+    from fastgen.datasets.sound import read_sound, span_samples
     from fastgen.datasets.sources import center_crop_resize_array
 
     wanted = (frames.count - 1) * frames.stride + 1
     picked: list[np.ndarray] = []
+    start = 0.0
     opened = av.open(str(source.image) if source.image is not None else io.BytesIO(source.data or b""))
     with opened as container:
         stream = container.streams.video[0]
@@ -178,6 +192,8 @@ def _video_frames(source: Source, resolution: int, frames: Frames) -> tuple[np.n
         for n, frame in enumerate(container.decode(video=0)):
             if n >= wanted:
                 break
+            if n == 0 and frame.time is not None:
+                start = float(frame.time)
             if n % frames.stride == 0:
                 picked.append(center_crop_resize_array(frame.to_ndarray(format="rgb24"), resolution))
     if len(picked) < frames.count:
@@ -186,13 +202,25 @@ def _video_frames(source: Source, resolution: int, frames: Frames) -> tuple[np.n
     side = min(size)
     meta = {"source": source.relative, "size": size, "crop": [(size[0] - side) // 2, (size[1] - side) // 2, side],
             "frames": [0, frames.stride, frames.count], "fps": fps}
-    return np.stack(picked), meta
+    if not frames.sound_rate:
+        return np.stack(picked), meta, None
+    if not fps:
+        raise ValueError(f"{source.relative}: no frame rate, so the span of its sound is unknown")
+    samples = span_samples(frames.count, frames.stride, fps, frames.sound_rate)
+    sound = read_sound(source.image if source.image is not None else source.data or b"", start, samples,
+                       frames.sound_rate)
+    if sound is None:
+        raise ValueError(f"{source.relative}: no audio track (this family trains on clips with sound)")
+    meta["sound"] = {"start": start, "rate": frames.sound_rate, "samples": samples}
+    return np.stack(picked), meta, sound
 
 
 def _read(source: Source, resolution: int, frames: Frames | None = None,
-          video: bool = False) -> tuple[np.ndarray, str, dict[str, Any]]:
-    """``(uint8 (R, R, 3) pixels or (F, R, R, 3) frames, caption, json)``; ``ValueError`` saying why when the
-    input cannot be used. ``video``: whether the codec encodes videos (an image family's codec skips them)."""
+          video: bool = False) -> tuple[np.ndarray, str, dict[str, Any], np.ndarray | None]:
+    """``(uint8 (R, R, 3) pixels or (F, R, R, 3) frames, caption, json, (2, N) sound or None)``; ``ValueError``
+    saying why when the input cannot be used. ``video``: whether the codec encodes videos (an image family's codec
+    skips them); ``frames.sound_rate``: the clip's sound is read too (an image, or a video without sound, is
+    skipped)."""
     import PIL.Image
 
     from fastgen.datasets.download import DownloadError
@@ -213,12 +241,14 @@ def _read(source: Source, resolution: int, frames: Frames | None = None,
         if not video:
             raise ValueError(f"{source.relative}: a video; this family's codec encodes images")
         try:
-            pixels, meta = _video_frames(source, resolution, frames or Frames())
+            pixels, meta, sound = _video_frames(source, resolution, frames or Frames())
         except (OSError, ValueError) as exc:
-            if isinstance(exc, ValueError) and "--frames" in str(exc):
+            if isinstance(exc, ValueError) and str(exc).startswith(f"{source.relative}: "):
                 raise
             raise ValueError(f"{source.relative}: cannot read the video ({str(exc).splitlines()[0]})") from None
-        return pixels, caption, meta
+        return pixels, caption, meta, sound
+    if frames is not None and frames.sound_rate:
+        raise ValueError(f"{source.relative}: an image; this family trains on clips with sound")
     where = source.image if source.image is not None else io.BytesIO(source.data or b"")
     try:
         with PIL.Image.open(where) as image:
@@ -230,7 +260,7 @@ def _read(source: Source, resolution: int, frames: Frames | None = None,
         raise ValueError(f"{source.relative}: cannot read the image ({str(exc).splitlines()[0]})") from None
     side = min(width, height)
     meta = {"source": source.relative, "size": [width, height], "crop": [(width - side) // 2, (height - side) // 2, side]}
-    return pixels, caption, meta
+    return pixels, caption, meta, None
 
 
 def _npy(array: np.ndarray) -> bytes:
@@ -274,12 +304,13 @@ def encode_shard(codec: Any, sources: list[Source], path: Path, resolution: int,
             if progress is not None:
                 progress(1)
     batches: list[list[Any]] = []
-    for item in readable:
-        if batches and len(batches[-1]) < batch_size and batches[-1][0][1].shape == item[1].shape:
+    for item in readable:  # (source, pixels, caption, meta, sound or None)
+        if batches and len(batches[-1]) < batch_size and _shapes(batches[-1][0]) == _shapes(item):
             batches[-1].append(item)
         else:
             batches.append([item])
     shape_seen: list[int] | None = None
+    audio_shape: list[int] | None = None
     with atomic_open(path, "wb") as handle, tarfile.open(fileobj=handle, mode="w") as tar:
         for batch in batches:
             pixels = torch.from_numpy(np.stack([b[1] for b in batch])).float() / 127.5 - 1
@@ -287,6 +318,10 @@ def encode_shard(codec: Any, sources: list[Source], path: Path, resolution: int,
             pixels = pixels.permute(0, 3, 1, 2) if pixels.dim() == 4 else pixels.permute(0, 4, 1, 2, 3)
             latents = codec.encode_images(pixels).float().cpu().numpy()
             shape_seen = shape_seen or list(latents.shape[1:])
+            sound = None
+            if batch[0][4] is not None:  # (B, 2, N) waveforms -> the family's sound latents
+                sound = codec.encode_waveforms(torch.from_numpy(np.stack([b[4] for b in batch]))).float().cpu().numpy()
+                audio_shape = audio_shape or list(sound.shape[1:])
             if hasattr(codec, "fit_latent_shape"):  # Cosmos 3: the templates name the frame count and resolution
                 codec.fit_latent_shape(list(latents.shape[1:]))
             # a family whose condition is too wide to store (Cosmos Predict 2.5) writes latents and captions only
@@ -296,16 +331,26 @@ def encode_shard(codec: Any, sources: list[Source], path: Path, resolution: int,
                 encoded["time_ids"] = torch.tensor([codec.time_ids(b[3]["size"], b[3]["crop"], resolution)
                                                     for b in batch])
             texts = _fields(codec, encoded) if text_in_shards else {}
-            for row, (source, _, caption, meta) in enumerate(batch):
+            for row, (source, _, caption, meta, _) in enumerate(batch):
                 key = source.member_key
                 _add(tar, f"{key}.latent.npy", _npy(latents[row]))
+                if sound is not None:
+                    _add(tar, f"{key}.audio_latent.npy", _npy(sound[row]))
                 for field, values in texts.items():
                     _add(tar, f"{key}.{field}.npy", _npy(values[row]))
                 _add(tar, f"{key}.txt", caption.encode("utf-8"))
                 _add(tar, f"{key}.json", json.dumps(meta).encode("utf-8"))
             if progress is not None:
                 progress(len(batch))
-    return {"samples": len(readable), "skipped": skipped, "latent_shape": shape_seen}
+    summary = {"samples": len(readable), "skipped": skipped, "latent_shape": shape_seen}
+    if audio_shape is not None:
+        summary["audio_shape"] = audio_shape
+    return summary
+
+
+def _shapes(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What inputs encoded in one batch must share: the pixels' shape and the sound's."""
+    return item[1].shape, None if item[4] is None else item[4].shape
 
 
 def check_sizes(resolution: int, shard_size: int, batch_size: int) -> None:
@@ -423,13 +468,15 @@ def write_index(codec: Any, dst: Path | Destination, weights: Path, resolution: 
                 frames: Frames | None = None) -> dict[str, Any]:
     """``empty_prompt.npz`` and ``index.json`` (rank 0, after every shard is complete)."""
     where = dst if isinstance(dst, Destination) else Destination(dst)
-    shards, shapes = [], []
+    shards, shapes, audio_shapes = [], [], []
     for shard in range(num_shards):
         summary = json.loads(where.read_text(f"{shard_name(shard)}.json"))
         shards.append({"name": f"{shard_name(shard)}.tar", "samples": summary["samples"],
                        "skipped": len(summary["skipped"])})
         shapes.append(summary.get("latent_shape"))
+        audio_shapes.append(summary.get("audio_shape"))
     latent_shape = next((shape for shape in shapes if shape), None)
+    audio_shape = next((shape for shape in audio_shapes if shape), None)
     if latent_shape is None and where.s3 is None:  # sidecars of an earlier version: read a tar
         latent_shape = _first_latent_shape(where.local, shards)
     empty: dict[str, np.ndarray] = {}
@@ -444,9 +491,12 @@ def write_index(codec: Any, dst: Path | Destination, weights: Path, resolution: 
     index = {"format": FORMAT, "version": 1, "family": codec.family, "weights": str(weights),
              "resolution": resolution, "latent_shape": latent_shape,
              "frames": None if frames is None else {"count": frames.count, "stride": frames.stride},
-             "normalisation": normalisation, "fields": ["latent", *empty, "txt", "json"],
+             "normalisation": normalisation,
+             "fields": ["latent", *(["audio_latent"] if audio_shape else []), *empty, "txt", "json"],
              "samples": sum(s["samples"] for s in shards), "skipped": sum(s["skipped"] for s in shards),
              "shards": shards}
+    if audio_shape:  # a family trained on sound (LTX-2, Cosmos 3): the clips' sound latents and their rate
+        index.update(audio_shape=audio_shape, sound_rate=frames.sound_rate if frames is not None else None)
     atomic_write_text(where.local / "index.json", json.dumps(index, indent=1))
     where.publish("index.json")
     return index

@@ -119,6 +119,12 @@ class Codec(nn.Module):
     def dtype(self) -> torch.dtype:
         return next(self.vae.parameters()).dtype
 
+    @property
+    def waveform_rate(self) -> int:
+        """The rate (Hz) of the waveforms ``encode_waveforms`` takes; 0: the family (or this folder) has no sound
+        (LTX-2 and Cosmos 3 override it)."""
+        return 0
+
     # ---- latents -------------------------------------------------------------------------------------------
     def normalise(self, raw: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

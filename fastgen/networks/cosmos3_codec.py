@@ -168,6 +168,21 @@ class Cosmos3Codec(Codec):
         posterior = tokenizer.encode(waveforms.to(self.device, dtype)).latent_dist
         return posterior.mode() if generator is None else posterior.sample(generator=generator)
 
+    @torch.no_grad()
+    def encode_waveforms(self, waveforms: torch.Tensor) -> torch.Tensor:
+        """``(B, sound_dim, ceil(N / hop))`` latents of stereo waveforms ``(B, 2, N)`` at ``waveform_rate``, each
+        encoded on its own: the tokenizer normalises the volume by the peak of everything it is given at once, so a
+        batch would scale each clip by the loudest one. ``ceil(N / hop)`` is the pipeline's sound length for a clip
+        of ``N`` samples (``Cosmos3OmniPipeline``: ``T_sound``), and what Cosmos 3's tokenizer (hop 1920 at 48 kHz)
+        encodes; a toy tokenizer whose STFT frames one more is cut to it."""
+        count = -(-waveforms.shape[-1] // int(self._sound()._hop_size))
+        return torch.cat([self.encode_audio(wave[None]) for wave in waveforms])[:, :, :count]
+
+    @property
+    def waveform_rate(self) -> int:
+        """The rate (Hz) of the waveforms ``encode_waveforms`` takes (the tokenizer's); 0 without one."""
+        return self.sample_rate
+
     @property
     def sample_rate(self) -> int:
         """The tokenizer's waveform rate (Hz); 0 without one."""

@@ -10,8 +10,10 @@ text connectors, used exactly as ``LTX2Pipeline`` uses them (``fastgen.networks.
   latents ``(B, C, T / 4, M / 4)`` are normalised in the pipeline's packed layout - one token per latent frame with
   every channel's bins, channel major - by the VAE's ``latents_mean`` / ``latents_std`` (``C M / 4`` entries;
   ``prepare_audio_latents`` / ``_denormalize_audio_latents``), and decoded to a waveform as the pipeline does: the
-  audio VAE's mel spectrogram through the vocoder (``LTX2Vocoder``; ``sample_rate`` its output rate). diffusers has
-  no waveform-to-mel front end for LTX-2, so audio comes in as the VAE's input spectrogram.
+  audio VAE's mel spectrogram through the vocoder (``LTX2Vocoder``; ``sample_rate`` its output rate). Waveforms
+  (``encode_waveforms``, what ``encode-data`` calls) go through LTX-2's own front end first - a log-mel spectrogram
+  (``fastgen.networks.log_mel``) at the audio VAE's rate, hop and mel bins - and their latents are cut to the
+  pipeline's count for the clip (next point).
 * **Text**: each prompt stripped, tokenised left-padded to ``max_sequence_length`` (1024, the pipeline's call
   default; the tokenizer's eos pads when it has no pad token), Gemma-3's hidden states of every layer stacked and
   flattened (``_get_gemma_prompt_embeds``), then ``LTX2TextConnectors`` - per-layer masked normalisation (LTX-2.0)
@@ -59,11 +61,13 @@ class LTX2Codec(Codec):
     AUDIO_PARTS: ClassVar[tuple[str, ...]] = ("audio_vae", "vocoder")
 
     def __init__(self, vae: nn.Module, audio_vae: nn.Module | None = None, vocoder: nn.Module | None = None,
-                 max_sequence_length: int = 1024, **parts: Any) -> None:
+                 max_sequence_length: int = 1024, n_fft: int = 1024, **parts: Any) -> None:
         super().__init__(vae, **parts)
         self.audio_vae = audio_vae
         self.vocoder = vocoder
         self.max_sequence_length = int(max_sequence_length)
+        #: the STFT size of the waveform front end (LTX-2's ``filter_length``; diffusers' audio VAE config omits it)
+        self.n_fft = int(n_fft)
 
     # ---- video ---------------------------------------------------------------------------------------------
     def _video_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -125,6 +129,28 @@ class LTX2Codec(Codec):
             raise UsageError("this LTX-2 codec was built without its vocoder (the pipeline folder's vocoder/)")
         mel = self._audio().decode(self.denormalise_audio(latents.to(self.device, self.dtype)), return_dict=False)[0]
         return self.vocoder(mel)
+
+    @property
+    def waveform_rate(self) -> int:
+        """The rate (Hz) of the waveforms ``encode_waveforms`` takes: the audio VAE's; 0 without one."""
+        return int(self.audio_vae.config.sample_rate) if self.audio_vae is not None else 0
+
+    @torch.no_grad()
+    def encode_waveforms(self, waveforms: torch.Tensor) -> torch.Tensor:
+        """Normalised latents ``(B, C, T_a, M / 4)`` of stereo waveforms ``(B, 2, N)`` at ``waveform_rate``: the
+        log-mel spectrogram (``floor(N / h) + 1`` frames of hop ``h``), its latents, and of those the first
+        ``T_a = round(N / (h r))`` (``r``: the VAE's temporal compression) - the count ``LTX2Pipeline`` samples for a
+        clip of ``N`` samples (``round(duration * sr / h / r)``). The causal encoder gives ``ceil((N / h + 1) / r)``;
+        the one past the pipeline's count holds only the centred STFT's padded tail, and dropping it changes no
+        other latent (each depends on the frames before it)."""
+        from fastgen.networks.log_mel import log_mel_spectrogram
+
+        vae = self._audio()
+        config = vae.config
+        mel = log_mel_spectrogram(waveforms.float(), int(config.sample_rate), n_fft=self.n_fft,
+                                  hop_length=int(config.mel_hop_length), mel_bins=int(config.mel_bins))
+        count = round(waveforms.shape[-1] / int(config.mel_hop_length) / int(vae.temporal_compression_ratio))
+        return self.encode_audio(mel)[:, :, :count]
 
     @property
     def sample_rate(self) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from omegaconf import DictConfig
+from fastgen_testing import two_iterations
 
 RECIPE = "LTX2/config_sft_ltx2_av_digits"
 
@@ -33,13 +33,7 @@ def _config(method: str, name: str) -> Any:
         config.model.guidance_scale = 2.0
         config.log_config.group = sft.log_config.group
     config.dataloader_train.batch_size = 4
-    config.dataloader_val = None
-    config.trainer.max_iter = 2
-    config.trainer.logging_iter = 1
-    config.trainer.save_ckpt_iter = 2
-    config.trainer.callbacks = DictConfig({})
-    config.log_config.name = name
-    return config
+    return two_iterations(config, name)
 
 
 def _moved(trained: torch.nn.Module, start: dict[str, torch.Tensor]) -> list[str]:
@@ -178,11 +172,7 @@ def test_encoded_shards_train_and_the_export_samples_in_diffusers(output_root: P
     config.model.pretrained_model_path = str(folder)
     config.dataloader_train = webdataset_loader([f"WDS:{tmp_path / 'shards'}"], batch_size=4, shuffle_buffer=8, fields={
         "real.video": "latent.npy", "real.audio": "audio_latent.npy", "condition": "text.npy"})
-    config.dataloader_val = None
-    config.trainer.max_iter = 2
-    config.trainer.save_ckpt_iter = 2
-    config.trainer.callbacks = DictConfig({})
-    config.log_config.name = "ltx2_shards"
+    two_iterations(config, "ltx2_shards")
     Trainer(config).run()
     run_dir = output_root / "fastgen" / "audio_video_digits" / "ltx2_shards"
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 from multimodal_nets import TwoStream, two_stream_net
-from omegaconf import DictConfig
+from fastgen_testing import two_iterations
 
 from fastgen.configs.instantiate import instantiate
 from fastgen.configs.methods.config_pdd import create_config
@@ -244,14 +244,7 @@ def _ltx2_pdd_config(name: str) -> Any:
     config.model.modality_guidance_scales = {"audio": 3.0}
     config.dataloader_train = sft.dataloader_train
     config.dataloader_train.batch_size = 4
-    config.dataloader_val = None
-    config.trainer.max_iter = 2
-    config.trainer.logging_iter = 1
-    config.trainer.save_ckpt_iter = 2
-    config.trainer.callbacks = DictConfig({})
-    config.log_config.group = sft.log_config.group
-    config.log_config.name = name
-    return config
+    return two_iterations(config, name, group=sft.log_config.group)
 
 
 def test_ltx2_pdd_trains_two_iterations_and_samples_with_any_step_count(output_root: Path) -> None:
@@ -333,13 +326,7 @@ def test_ltx2_pdd_student_exports_to_ltx2pipeline(output_root: Path, tmp_path: P
     config.model.net_optimizer.lr = 1e-2  # two iterations that move the heads apart
     config.dataloader_train = webdataset_loader([f"WDS:{tmp_path / 'shards'}"], batch_size=4, shuffle_buffer=4, fields={
         "real.video": "latent.npy", "real.audio": "audio_latent.npy", "condition": "text.npy"})
-    config.dataloader_val = None
-    config.trainer.max_iter = 2
-    config.trainer.logging_iter = 1
-    config.trainer.save_ckpt_iter = 2
-    config.trainer.callbacks = DictConfig({})
-    config.log_config.group = "audio_video_digits"
-    config.log_config.name = "ltx2_pdd_export"
+    two_iterations(config, "ltx2_pdd_export", group="audio_video_digits")
     Trainer(config).run()
     run_dir = output_root / "fastgen" / "audio_video_digits" / "ltx2_pdd_export"
 

@@ -81,3 +81,45 @@ def test_the_codec_decodes_and_encodes_sound_with_the_tokenizer(sound_folder: Pa
     assert codec.sound_tokenizer is None and codec.sample_rate == 0
     with pytest.raises(UsageError, match="no sound_tokenizer"):
         codec.decode_latents({"video": torch.zeros(1, 1, 3, 8, 8), "audio": latents})
+
+
+def test_encode_data_writes_each_clips_sound_latents(sound_folder: Path, tmp_path: Path) -> None:
+    """``fastgen encode-data`` with a sound tokenizer in the folder: each MP4's track over its 5 frames' span (5 / 24 s:
+    20 samples at the tokenizer's 96 Hz) becomes ``audio_latent.npy``, the tokenizer's posterior mode of that
+    waveform alone, its first ``T_sound`` (5, as the pipeline samples; the toy tokenizer frames 6) - so a clip 10x quieter, encoded in the same
+    batch, gets the same latents (the tokenizer normalises each clip's peak, not the batch's). ``--no-sound`` writes
+    the video alone."""
+    import json
+
+    import numpy as np
+    from diffusers.models.autoencoders.autoencoder_cosmos3_audio import Cosmos3AVAEAudioTokenizer
+    from fastgen_testing import run_in_process, shard_samples
+
+    from fastgen.datasets.sound import read_sound
+    from fastgen.pipelines.media import write_mp4
+
+    src = tmp_path / "clips"
+    src.mkdir()
+    tone = np.sin(2 * np.pi * 20 * np.arange(48000) / 48000)
+    for name, level in (("loud", 0.5), ("soft", 0.05)):
+        write_mp4(src / f"{name}.mp4", np.zeros((5, 16, 16, 3), np.uint8), fps=24,
+                  audio=np.stack([tone, -tone]) * level, sample_rate=48000)
+        (src / f"{name}.txt").write_text(f"a {name} hum")
+    args = ("--weights", str(sound_folder), "--resolution", "16", "--frames", "5", "--device", "cpu")
+    result = run_in_process("encode-data", str(src), str(tmp_path / "shards"), *args)
+    assert result.returncode == 0, result.stderr
+    index = json.loads((tmp_path / "shards" / "index.json").read_text())
+    assert index["audio_shape"] == SHAPES["audio"] and index["sound_rate"] == 96
+    members = shard_samples(tmp_path / "shards")
+    tokenizer = Cosmos3AVAEAudioTokenizer.from_pretrained(sound_folder / "sound_tokenizer").eval()
+    for name in ("loud", "soft"):
+        wave = torch.from_numpy(read_sound(src / f"{name}.mp4", 0.0, 20, 96))[None]
+        with torch.no_grad():
+            want = tokenizer.encode(wave).latent_dist.mode()[0, :, :SHAPES["audio"][1]]  # the toy frames one more
+        torch.testing.assert_close(torch.from_numpy(members[f"a {name} hum"]["audio_latent"]), want, atol=1e-5, rtol=0)
+    loud, soft = (members[f"a {name} hum"]["audio_latent"] for name in ("loud", "soft"))
+    np.testing.assert_allclose(loud, soft, atol=0.05)
+    result = run_in_process("encode-data", str(src), str(tmp_path / "video_only"), *args, "--no-sound")
+    assert result.returncode == 0, result.stderr
+    assert "audio_shape" not in json.loads((tmp_path / "video_only" / "index.json").read_text())
+    assert all("audio_latent" not in sample for sample in shard_samples(tmp_path / "video_only").values())

@@ -328,17 +328,3 @@ def test_weights_load_from_the_pipeline_folder(pipeline: dict[str, Any], tmp_pat
     net.backbone.load_pretrained(str(pipeline["folder"]))
     state = pipeline["net"].backbone.model.state_dict()
     assert all(torch.equal(v, state[k]) for k, v in net.backbone.model.state_dict().items())
-
-
-def test_encode_data_refuses_ltx2_in_one_line(pipeline: dict[str, Any], tmp_path: Path) -> None:
-    """``fastgen encode-data`` would write video-only shards for an LTX2Pipeline folder: it says so in one line."""
-    from fastgen_testing import run_in_process
-    from PIL import Image
-
-    (tmp_path / "clips").mkdir()
-    Image.new("RGB", (32, 32)).save(tmp_path / "clips" / "0.png")
-    (tmp_path / "clips" / "0.txt").write_text("a cat")
-    result = run_in_process("encode-data", str(tmp_path / "clips"), str(tmp_path / "out"), "--weights",
-                            str(pipeline["folder"]), "--resolution", "32", "--device", "cpu")
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == 2 and len(lines) == 1 and "LTX-2's audio stream" in lines[0], result.stderr

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from fastgen_testing import run_in_process as fastgen
+from fastgen_testing import two_iterations
 from PIL import Image
 from tiny_pipelines import tiny_family_pipeline
 
@@ -26,7 +27,6 @@ SEEDS = [5, 6]
 
 @pytest.fixture(scope="module")
 def pdd_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from omegaconf import DictConfig
 
     from fastgen.configs.callbacks import EMA_CALLBACK
     from fastgen.configs.data import webdataset_loader
@@ -59,12 +59,8 @@ def pdd_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config.model.net_optimizer.lr = 1e-2  # two iterations that move the heads apart
     config.dataloader_train = webdataset_loader([f"WDS:{shards}"], batch_size=4, shuffle_buffer=4,
                                                 fields={"real": "latent.npy", "condition": "text.npy"})
-    config.trainer.max_iter = 2
-    config.trainer.save_ckpt_iter = 2
-    config.trainer.callbacks = DictConfig({**EMA_CALLBACK})
+    two_iterations(config, "pdd_flux", group="t2i", callbacks=EMA_CALLBACK)
     config.trainer.callbacks.ema.beta = 0.0  # the EMA network is the trained one
-    config.log_config.group = "t2i"
-    config.log_config.name = "pdd_flux"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FASTGEN_OUTPUT_ROOT", str(root / "runs"))
         mp.setenv("WANDB_MODE", "disabled")

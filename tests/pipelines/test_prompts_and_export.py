@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from fastgen_testing import run_in_process as fastgen
+from fastgen_testing import two_iterations
 from PIL import Image
 from tiny_pipelines import tiny_family_pipeline
 
@@ -60,7 +61,6 @@ def captioned_images(folder: Path) -> Path:
 
 
 def train_config(family: str, weights: Path, shards: Path, latent_shape: list[int] | None = None) -> Any:
-    from omegaconf import DictConfig
 
     from fastgen.configs.callbacks import EMA_CALLBACK
     from fastgen.configs.data import webdataset_loader
@@ -80,13 +80,7 @@ def train_config(family: str, weights: Path, shards: Path, latent_shape: list[in
     config.model.use_ema = True
     config.dataloader_train = webdataset_loader([f"WDS:{shards}"], batch_size=4, shuffle_buffer=8,
                                                 fields={"real": "latent.npy", "condition": "text.npy"})
-    config.dataloader_val = None
-    config.trainer.max_iter = 2
-    config.trainer.save_ckpt_iter = 2
-    config.trainer.callbacks = DictConfig({**EMA_CALLBACK})
-    config.log_config.group = "t2i"
-    config.log_config.name = f"tiny_{family}"
-    return config
+    return two_iterations(config, f"tiny_{family}", group="t2i", callbacks=EMA_CALLBACK)
 
 
 @pytest.fixture(scope="module", params=["sd", "sdxl", "flux", "wan", "qwenimage", "cogvideox"])

@@ -12,13 +12,14 @@ token embedding table, zero-padded to 512 tokens: ``Cosmos3Codec(num_frames=93, 
 the captions are dropped for classifier-free guidance: the null condition is the pipeline's negative prompt
 (``""`` with the inverse templates), tokenised for the sample's size (``fastgen.networks.cosmos3``). Video only:
 the model's sound stream trains too with ``model.modality_shapes = {"video": [48, 24, 30, 52], "audio": [64, 97]}``
-and shards holding the sound latents (``real.audio``), which no fastgen codec writes yet. An EMA (beta 0.9999);
+and shards holding the sound latents (``real.audio``: ``audio_latent.npy``, which ``fastgen encode-data`` writes from
+clips with sound when the folder has a sound tokenizer). An EMA (beta 0.9999);
 FSDP2 on a meta-device build, bfloat16 autocast, activation checkpointing over the 36 decoder layers; AdamW at
 1e-5. The reasoner's parts no video prediction depends on (LM head, token table, the last layer's text-only
 parts, the action heads: 1.45B parameters) are frozen.
 
 Memory per rank, an **estimate** (``fastgen dryrun``; not measured - no GPU was lent to this project; the
-architecture typed from diffusers' defaults, ``fastgen.configs.net_cosmos3``): 15,173,669,120 parameters,
+architecture checked against public sources, ``fastgen.configs.net_cosmos3``): 15,173,669,120 parameters,
 13,727,537,280 of them trained; 33.4 GiB of state per rank on 8 ranks (the network and its EMA, gradients, Adam)
 and 4.23 GiB on 64. The training peak needs the data to trace.
 """

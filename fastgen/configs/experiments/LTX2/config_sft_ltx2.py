@@ -10,7 +10,8 @@ decides the architecture) and trains on WebDataset shards of LTX-2's latents - p
 VAE's normalised ``128 x 16 x 16 x 24`` latents of 121 frames of 512x768), an ``audio_latent.npy`` (the audio VAE's
 normalised ``8 x 126 x 16``: 121 / 24 s of 16 kHz sound) and a ``text.npy`` (Gemma-3 through the text connectors,
 1024 tokens, the video and audio embeddings side by side: ``fastgen.networks.ltx2_codec``); the two latents nest
-into one sample (``real.video`` / ``real.audio`` fields). Both streams share each sample's time (``model.modality_times
+into one sample (``real.video`` / ``real.audio`` fields). ``fastgen encode-data`` writes them from captioned clips
+with sound (``--frames 121``; the log-mel front end and audio VAE: ``fastgen.datasets.encode``). Both streams share each sample's time (``model.modality_times
 = "independent"`` trains each at its own). Sampling: LTX-2's shift for 6144 video tokens, its terminal time 0.1.
 10% of the captions are dropped for classifier-free guidance (the null condition: zero embeddings); an EMA (beta
 0.9999) is what ``--only ema`` exports. Sampling (``fastgen sample``) and the export guide as ``LTX2Pipeline`` does by
@@ -21,7 +22,7 @@ with an LTX-2.3 folder add ``model.stg_scale=1.0 model.stg_blocks=[28]``. FSDP2 
 AdamW at 1e-5.
 
 Memory per rank, an **estimate** (``fastgen dryrun``; not measured on a GPU): 18,876,174,592 parameters per network
-(``LTX2_19B``, typed from memory of the published config); 44.2 GiB of state per rank on 8 ranks (the network and
+(``LTX2_19B``, checked against public sources); 44.2 GiB of state per rank on 8 ranks (the network and
 its EMA, gradients, Adam) and 5.74 GiB on 64; the training peak needs the data to trace.
 """
 
