@@ -31,14 +31,14 @@ Examples:
 
 \b
   # WebDataset shards of jpg/png/mp4 + txt, from S3 (credentials: --credentials-dir/s3.json or AWS_*);
-  # videos for Wan: 33 frames, every 2nd, at 480x480
+  # videos for Wan: 33 frames, every 2nd, the centred 832x480 (16:9-ish) region of each
   fastgen encode-data s3://bucket/clips/ data/wan_latents --weights /weights/Wan2.1-T2V-1.3B-Diffusers \\
-      --resolution 480 --frames 33 --frame-stride 2
+      --resolution 832x480 --frames 33 --frame-stride 2
 
 \b
   # LTX-2: clips with sound -> video latents, audio latents (log-mel through its audio VAE) and Gemma-3 text;
-  # 121 frames (8 k + 1) at 24 fps, their 5.04 s of sound; clips without an audio track are skipped
-  fastgen encode-data clips/ data/ltx2_19b_latents --weights /weights/LTX-2 --resolution 512 --frames 121 \\
+  # 121 frames (8 k + 1) of 768x512 at 24 fps, their 5.04 s of sound; clips without an audio track are skipped
+  fastgen encode-data clips/ data/ltx2_19b_latents --weights /weights/LTX-2 --resolution 768x512 --frames 121 \\
       --dtype bfloat16 --nproc-per-node 8
 
 \b
@@ -58,7 +58,7 @@ def encode_data(
     src: str = typer.Argument(..., metavar="SRC", help="A folder of images / videos with same-name .txt captions, or WebDataset shards (folder or s3://)."),
     dst: str = typer.Argument(..., metavar="DST", help="The shards folder or s3:// prefix to write (complete shards are kept)."),
     weights: str = typer.Option(..., "--weights", help="A diffusers pipeline folder (model_index.json, vae/, text encoders)."),
-    resolution: int = typer.Option(512, "--resolution", help="Square side the images are centre-cropped and resized to."),
+    resolution: str = typer.Option("512", "--resolution", help="Square side the pictures are centre-cropped and resized to, or WIDTHxHEIGHT (e.g. 832x480: the largest centred region of that shape)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Images encoded at once per rank."),
     shard_size: int = typer.Option(1000, "--shard-size", help="Inputs per shard."),
     frames: int = typer.Option(17, "--frames", help="Videos: frames taken from each (Wan, CogVideoX: 4 k + 1; CogVideoX-5b: 49)."),
@@ -92,7 +92,8 @@ def encode_data(
     # bad input fails here, once, before any model is loaded or any worker started
     if dtype not in FLOAT_DTYPES:
         raise UsageError(f"--dtype {dtype}: choose one of {', '.join(FLOAT_DTYPES)}")
-    check_sizes(resolution, shard_size, batch_size)
+    size = _resolution(resolution)
+    check_sizes(size, shard_size, batch_size)
     if frames < 1 or frame_stride < 1:
         raise UsageError("--frames and --frame-stride must be at least 1")
     if src.startswith("s3://") or dst.startswith("s3://"):
@@ -109,8 +110,19 @@ def encode_data(
 
         launch_this_command(nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, rdzv_id)
         return
-    _encode(shards, src, dst, folder, resolution, batch_size, strict, device, FLOAT_DTYPES[dtype],
+    _encode(shards, src, dst, folder, size, batch_size, strict, device, FLOAT_DTYPES[dtype],
             Frames(frames, frame_stride), not no_sound)
+
+
+def _resolution(text: str) -> int | tuple[int, int]:
+    """``--resolution``: ``N`` (a square side) or ``WIDTHxHEIGHT``."""
+    from fastgen.utils.errors import UsageError
+
+    parts = text.lower().split("x")
+    if len(parts) in (1, 2) and all(part.strip().isdigit() for part in parts):
+        values = [int(part) for part in parts]
+        return values[0] if len(values) == 1 else (values[0], values[1])
+    raise UsageError(f"--resolution {text}: a square side (512) or WIDTHxHEIGHT (832x480)")
 
 
 def _shards(src: str, shard_size: int) -> list[Any]:
@@ -152,7 +164,7 @@ def _check_frames(family: str, folder: Path, frames: int) -> None:
                          f"{(frames - 1) // temporal * temporal + 1} or {((frames - 1) // temporal + 1) * temporal + 1})")
 
 
-def _encode(shards: list[Any], source: str, target: str, folder: Path, resolution: int, batch_size: int,
+def _encode(shards: list[Any], source: str, target: str, folder: Path, resolution: Any, batch_size: int,
             strict: bool, device: str, dtype: Any, frames: Any, sound: bool) -> None:
     """One rank's share (``RANK`` of ``WORLD_SIZE`` under torchrun) of ``shards``, then rank 0's index.
     ``sound``: a codec with a sound encoder (``waveform_rate``) also encodes each clip's audio track."""

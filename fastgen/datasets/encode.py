@@ -11,8 +11,10 @@ ranks. An input that cannot be read, has no caption, is a video for an image fam
 the frames asked for is skipped and counted (``strict``: an error naming it).
 
 **Pictures.** Each image, and each frame of a video, is centre-cropped to a square and resized to ``resolution``
-with Lanczos (EDM's ``center-crop`` transform). A video gives ``Frames.count`` frames, every ``stride``-th from
-the first (Wan's and CogVideoX's VAEs want ``4 k + 1``: CogVideoX-5b was trained on 49; LTX-2's ``8 k + 1``).
+with Lanczos (EDM's ``center-crop`` transform); a ``(width, height)`` resolution crops the largest centred region of
+that aspect ratio instead (``fastgen.datasets.sources.crop_box``). A video gives ``Frames.count`` frames, every
+``stride``-th from the first (Wan's and CogVideoX's VAEs want ``4 k + 1``: CogVideoX-5b was trained on 49; LTX-2's
+``8 k + 1``).
 
 **Sound** (a family that trains on it: LTX-2, and Cosmos 3 with a ``sound_tokenizer``; ``Frames.sound_rate``): the
 clip's audio track over the span of the frames taken, at the rate the family's audio encoder takes, stereo
@@ -32,7 +34,8 @@ Cosmos 3: its sound tokenizer, clip by clip). A video without an audio track, an
   ``empty_prompt.npz``: its recipes encode the captions (``txt``) on the fly (``model.encode_batches``);
 * ``audio_latent.npy`` - float32, with sound: LTX-2's normalised ``(C, T_a, M / 4)`` audio latents, Cosmos 3's
   ``(sound_dim, T)`` sound latents - as many latent frames as the family's pipeline samples for the clip;
-* ``txt`` - the caption; ``json`` - ``{"source", "size": [w, h], "crop": [left, top, side]}`` (videos also
+* ``txt`` - the caption; ``json`` - ``{"source", "size": [w, h], "crop": [left, top, side]}`` (``[left, top,
+  width, height]`` for a non-square resolution; videos also
   ``"frames": [first, stride, count]`` and ``"fps"``; with sound ``"sound": {"start", "rate", "samples"}``).
 
 Beside them: ``shard-NNNNNN.json`` (written after its tar: the shard is complete; ``samples`` and ``skipped`` with
@@ -65,6 +68,8 @@ from fastgen.utils.logging import get_logger
 logger = get_logger(__name__)
 
 FORMAT = "fastgen-latents"
+#: a square side, or ``(width, height)`` (``--resolution 768x512``)
+Resolution = int | tuple[int, int]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv")
 # WebDataset members an input sample's picture or video may be in, in the order they are looked for
@@ -172,7 +177,7 @@ def shard_name(shard: int) -> str:
     return f"shard-{shard:06d}"
 
 
-def _video_frames(source: Source, resolution: int,
+def _video_frames(source: Source, resolution: Resolution,
                   frames: Frames) -> tuple[np.ndarray, dict[str, Any], np.ndarray | None]:
     """``(F, R, R, 3)`` uint8: ``frames.count`` frames, every ``frames.stride``-th, each centre-cropped and resized;
     their json; with ``frames.sound_rate`` the sound over their span (``(2, N)`` float32)."""
@@ -199,8 +204,7 @@ def _video_frames(source: Source, resolution: int,
     if len(picked) < frames.count:
         raise ValueError(f"{source.relative}: {len(picked)} frames at stride {frames.stride}; --frames asks for "
                          f"{frames.count}")
-    side = min(size)
-    meta = {"source": source.relative, "size": size, "crop": [(size[0] - side) // 2, (size[1] - side) // 2, side],
+    meta = {"source": source.relative, "size": size, "crop": _crop(size[0], size[1], resolution),
             "frames": [0, frames.stride, frames.count], "fps": fps}
     if not frames.sound_rate:
         return np.stack(picked), meta, None
@@ -215,7 +219,7 @@ def _video_frames(source: Source, resolution: int,
     return np.stack(picked), meta, sound
 
 
-def _read(source: Source, resolution: int, frames: Frames | None = None,
+def _read(source: Source, resolution: Resolution, frames: Frames | None = None,
           video: bool = False) -> tuple[np.ndarray, str, dict[str, Any], np.ndarray | None]:
     """``(uint8 (R, R, 3) pixels or (F, R, R, 3) frames, caption, json, (2, N) sound or None)``; ``ValueError``
     saying why when the input cannot be used. ``video``: whether the codec encodes videos (an image family's codec
@@ -258,9 +262,16 @@ def _read(source: Source, resolution: int, frames: Frames | None = None,
         pixels = center_crop_resize(where, resolution)
     except (OSError, DownloadError, PIL.UnidentifiedImageError) as exc:
         raise ValueError(f"{source.relative}: cannot read the image ({str(exc).splitlines()[0]})") from None
-    side = min(width, height)
-    meta = {"source": source.relative, "size": [width, height], "crop": [(width - side) // 2, (height - side) // 2, side]}
+    meta = {"source": source.relative, "size": [width, height], "crop": _crop(width, height, resolution)}
     return pixels, caption, meta, None
+
+
+def _crop(width: int, height: int, resolution: Resolution) -> list[int]:
+    """The json's ``crop``: ``[left, top, side]`` for a square target, ``[left, top, width, height]`` otherwise."""
+    from fastgen.datasets.sources import crop_box
+
+    left, top, crop_w, crop_h = crop_box(width, height, resolution)
+    return [left, top, crop_w] if isinstance(resolution, int) else [left, top, crop_w, crop_h]
 
 
 def _npy(array: np.ndarray) -> bytes:
@@ -287,7 +298,7 @@ def _fields(codec: Any, encoded: dict[str, torch.Tensor]) -> dict[str, np.ndarra
     return fields
 
 
-def encode_shard(codec: Any, sources: list[Source], path: Path, resolution: int, batch_size: int,
+def encode_shard(codec: Any, sources: list[Source], path: Path, resolution: Resolution, batch_size: int,
                  strict: bool = False, progress: Callable[[int], None] | None = None,
                  frames: Frames | None = None) -> dict[str, Any]:
     """Write one shard (atomically) and return its summary ``{"samples", "skipped"}``. Consecutive inputs of the
@@ -353,8 +364,10 @@ def _shapes(item: tuple[Any, ...]) -> tuple[Any, ...]:
     return item[1].shape, None if item[4] is None else item[4].shape
 
 
-def check_sizes(resolution: int, shard_size: int, batch_size: int) -> None:
-    if resolution < 8 or shard_size < 1 or batch_size < 1:
+def check_sizes(resolution: Resolution, shard_size: int, batch_size: int) -> None:
+    from fastgen.datasets.sources import target_size
+
+    if min(target_size(resolution)) < 8 or shard_size < 1 or batch_size < 1:
         raise UsageError("--resolution must be at least 8, --shard-size and --batch-size at least 1")
 
 
@@ -397,8 +410,8 @@ class Destination:
             (self.local / name).unlink()
 
 
-def encode_shards(codec: Any, shards: list[ShardInput], dst: Path | Destination, resolution: int, batch_size: int = 8,
-                  rank: int = 0, world: int = 1, strict: bool = False, progress: Callable[[int], None] | None = None,
+def encode_shards(codec: Any, shards: list[ShardInput], dst: Path | Destination, resolution: Resolution,
+                  batch_size: int = 8, rank: int = 0, world: int = 1, strict: bool = False, progress: Callable[[int], None] | None = None,
                   frames: Frames | None = None) -> dict[str, int]:
     """This rank's output shards (``r, r + W, ...`` of ``shards``) into ``dst`` (module docstring); the ones already
     complete are kept. ``progress`` counts inputs. Returns ``{"shards", "written", "kept"}`` for this rank."""
@@ -421,7 +434,7 @@ def encode_shards(codec: Any, shards: list[ShardInput], dst: Path | Destination,
     return {"shards": len(mine), "written": written, "kept": kept}
 
 
-def encode_folder(codec: Any, sources: list[Source], dst: Path, resolution: int, shard_size: int = 1000,
+def encode_folder(codec: Any, sources: list[Source], dst: Path, resolution: Resolution, shard_size: int = 1000,
                   batch_size: int = 8, rank: int = 0, world: int = 1, strict: bool = False,
                   progress: Callable[[int], None] | None = None, frames: Frames | None = None) -> dict[str, int]:
     """``encode_shards`` of a folder's ``sources`` (``captioned_images(src)``), ``shard_size`` inputs a shard."""
@@ -464,7 +477,7 @@ def latent_shape_of(datatags: Any) -> list[int] | None:
     return next(iter(shapes.values()), None)
 
 
-def write_index(codec: Any, dst: Path | Destination, weights: Path, resolution: int, num_shards: int,
+def write_index(codec: Any, dst: Path | Destination, weights: Path, resolution: Resolution, num_shards: int,
                 frames: Frames | None = None) -> dict[str, Any]:
     """``empty_prompt.npz`` and ``index.json`` (rank 0, after every shard is complete)."""
     where = dst if isinstance(dst, Destination) else Destination(dst)
@@ -489,7 +502,8 @@ def write_index(codec: Any, dst: Path | Destination, weights: Path, resolution: 
     normalisation = {key: vae[key] for key in ("scaling_factor", "shift_factor", "latents_mean", "latents_std")
                      if key in vae and vae[key] is not None}
     index = {"format": FORMAT, "version": 1, "family": codec.family, "weights": str(weights),
-             "resolution": resolution, "latent_shape": latent_shape,
+             "resolution": resolution if isinstance(resolution, int) else list(resolution),
+             "latent_shape": latent_shape,
              "frames": None if frames is None else {"count": frames.count, "stride": frames.stride},
              "normalisation": normalisation,
              "fields": ["latent", *(["audio_latent"] if audio_shape else []), *empty, "txt", "json"],

@@ -174,9 +174,9 @@ def imagenet_files(source: Path) -> tuple[list[tuple[Path, int]], list[str]]:
     return files, synsets
 
 
-def center_crop_resize(path: Path | Any, resolution: int) -> np.ndarray:
+def center_crop_resize(path: Path | Any, resolution: int | tuple[int, int]) -> np.ndarray:
     """EDM's ``--transform=center-crop`` (see the module docstring) of an image file (a path or a binary file
-    object): ``(resolution, resolution, 3)`` uint8."""
+    object): ``(resolution, resolution, 3)`` uint8; ``(width, height)``: ``(height, width, 3)`` (``crop_box``)."""
     import numpy as np
     import PIL.Image
 
@@ -188,15 +188,34 @@ def center_crop_resize(path: Path | Any, resolution: int) -> np.ndarray:
     return center_crop_resize_array(array, resolution)
 
 
-def center_crop_resize_array(array: np.ndarray, resolution: int) -> np.ndarray:
-    """The largest centred square of an ``(H, W, 3)`` uint8 array, resized to ``resolution`` with Lanczos."""
+def target_size(resolution: int | tuple[int, int]) -> tuple[int, int]:
+    """``(width, height)`` of a square side or a ``(width, height)`` pair."""
+    return (resolution, resolution) if isinstance(resolution, int) else (int(resolution[0]), int(resolution[1]))
+
+
+def crop_box(width: int, height: int, resolution: int | tuple[int, int]) -> tuple[int, int, int, int]:
+    """``(left, top, crop_width, crop_height)``: the largest centred region of a ``width x height`` picture with the
+    target's aspect ratio - for a square target the largest centred square (``crop = min(H, W)``, EDM's
+    ``center-crop``), for a ``w x h`` one the full height and ``round(H w / h)`` columns when the picture is wider
+    than the target, else the full width and ``round(W h / w)`` rows (EDM's ``center-crop-wide`` for any ratio)."""
+    wanted_w, wanted_h = target_size(resolution)
+    if width * wanted_h >= height * wanted_w:  # wider than the target: keep every row
+        crop_w, crop_h = min(width, round(height * wanted_w / wanted_h)), height
+    else:
+        crop_w, crop_h = width, min(height, round(width * wanted_h / wanted_w))
+    return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
+
+
+def center_crop_resize_array(array: np.ndarray, resolution: int | tuple[int, int]) -> np.ndarray:
+    """The largest centred region of an ``(H, W, 3)`` uint8 array with the target's aspect ratio (``crop_box``),
+    resized to ``resolution`` (a square side, or ``(width, height)``) with Lanczos."""
     import numpy as np
     import PIL.Image
 
     height, width = array.shape[:2]
-    crop = min(height, width)
-    array = array[(height - crop) // 2:(height + crop) // 2, (width - crop) // 2:(width + crop) // 2]
-    resized = PIL.Image.fromarray(np.ascontiguousarray(array), "RGB").resize((resolution, resolution),
+    left, top, crop_w, crop_h = crop_box(width, height, resolution)
+    array = array[top:top + crop_h, left:left + crop_w]
+    resized = PIL.Image.fromarray(np.ascontiguousarray(array), "RGB").resize(target_size(resolution),
                                                                             PIL.Image.Resampling.LANCZOS)
     return np.asarray(resized)
 
@@ -217,5 +236,5 @@ def encoded(images: np.ndarray, labels: np.ndarray) -> Iterator[tuple[bytes, int
         yield encode_png(image), int(label)
 
 
-__all__ = ["center_crop_resize", "digits_split", "encoded", "imagenet_files", "imagenet_png",
-           "imagenet_train_folder", "read_cifar10_archive", "read_idx"]
+__all__ = ["center_crop_resize", "center_crop_resize_array", "crop_box", "digits_split", "encoded", "imagenet_files",
+           "imagenet_png", "imagenet_train_folder", "read_cifar10_archive", "read_idx", "target_size"]

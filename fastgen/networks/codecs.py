@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -243,15 +243,17 @@ class SDXLCodec(Codec):
         return pack_sdxl_condition(encoded["text"], encoded["pooled"], encoded.get("time_ids"))
 
     @staticmethod
-    def time_ids(size: tuple[int, int], crop: tuple[int, int, int], resolution: int) -> list[float]:
+    def time_ids(size: Sequence[int], crop: Sequence[int], resolution: int | Sequence[int]) -> list[float]:
         """SDXL's micro-conditioning of an image center-cropped and resized to ``resolution`` (Podell et al. 2023,
         Sec. 2.2; as diffusers' SDXL training script computes it): the original ``(height, width)``, the crop's
-        top-left corner in the resized image's pixels, the target ``(resolution, resolution)``. ``size`` is
-        ``(width, height)`` and ``crop`` ``(left, top, side)`` in the original's pixels (encode-data's json)."""
-        (width, height), (left, top, side) = size, crop
-        scale = resolution / side
+        top-left corner in the resized image's pixels, the target ``(height, width)``. ``size`` is ``(width,
+        height)``, ``crop`` ``(left, top, side)`` or ``(left, top, width, height)`` in the original's pixels
+        (encode-data's json), ``resolution`` a square side or ``(width, height)``."""
+        (width, height), (left, top, crop_w) = size, crop[:3]
+        target_w, target_h = (resolution, resolution) if isinstance(resolution, int) else resolution
+        scale = target_w / crop_w  # the crop has the target's aspect ratio: one scale for both axes
         return [float(height), float(width), float(round(top * scale)), float(round(left * scale)),
-                float(resolution), float(resolution)]
+                float(target_h), float(target_w)]
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, dtype: torch.dtype = torch.float32, text: bool = True,

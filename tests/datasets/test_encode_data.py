@@ -134,6 +134,10 @@ def test_bad_input_is_one_line(weights: Path, tmp_path: Path) -> None:
             (["encode-data", "s3://b/photos", str(tmp_path / "o"), "--weights", str(weights)], "not a valid S3 bucket"),
             (["encode-data", str(tmp_path), str(tmp_path / "o"), "--weights", str(weights), "--frames", "0"],
              "--frames and --frame-stride"),
+            (["encode-data", str(tmp_path), str(tmp_path / "o"), "--weights", str(weights), "--resolution", "12x"],
+             "a square side (512) or WIDTHxHEIGHT"),
+            (["encode-data", str(tmp_path), str(tmp_path / "o"), "--weights", str(weights), "--resolution", "64x4"],
+             "--resolution must be at least 8"),
             (["encode-data", str(tmp_path), str(tmp_path / "o"), "--weights", str(tmp_path)], "holds no images")):
         result = run_cli(*args, cwd=tmp_path)
         lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -212,9 +216,9 @@ def wan_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_videos_become_frames_and_video_latents(wan_weights: Path, weights: Path, tmp_path: Path) -> None:
-    """Wan: 5 frames at stride 2 of each clip (centre-cropped per frame) -> (C, 3, h, w) latents equal the codec's
-    of those frames; a clip too short for them is skipped, and so is a video given to an image family (SD)."""
-    from fastgen.datasets.sources import center_crop_resize_array
+    """Wan at 24x16 (w x h): 5 frames at stride 2 of each 24x20 clip (its centred 24x16 rows, per frame) -> (C, 3,
+    h, w) latents equal the codec's of those frames; a clip too short for them is skipped, and so is a video given
+    to an image family (SD)."""
     from fastgen.networks.codecs import load_codec
     from fastgen.pipelines.media import read_mp4, write_mp4
 
@@ -225,19 +229,20 @@ def test_videos_become_frames_and_video_latents(wan_weights: Path, weights: Path
         write_mp4(src / f"{name}.mp4", rng.integers(0, 256, (count, 20, 24, 3), dtype=np.uint8), fps=8)
         (src / f"{name}.txt").write_text(f"a {name} clip")
     dst = tmp_path / "out"
-    result = run_cli("encode-data", str(src), str(dst), "--weights", str(wan_weights), "--resolution", "16",
+    result = run_cli("encode-data", str(src), str(dst), "--weights", str(wan_weights), "--resolution", "24x16",
                      "--frames", "5", "--frame-stride", "2", "--device", "cpu", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     index = json.loads((dst / "index.json").read_text())
-    assert index["samples"] == 1 and index["frames"] == {"count": 5, "stride": 2}
+    assert index["samples"] == 1 and index["frames"] == {"count": 5, "stride": 2} and index["resolution"] == [24, 16]
     assert "3 frames at stride 2" in json.loads((dst / "shard-000000.json").read_text())["skipped"][0]
     found = members(dst / "shard-000000.tar")
-    frames = np.stack([center_crop_resize_array(f, 16) for f in read_mp4(src / "long.mp4")[0:9:2]])
+    frames = np.stack([f[2:18] for f in read_mp4(src / "long.mp4")[0:9:2]])  # rows 2..18: already 24x16
     video = torch.from_numpy(frames).permute(3, 0, 1, 2)[None].float() / 127.5 - 1
     expected = load_codec(wan_weights).encode_images(video)[0]
-    assert expected.shape[1] == 3  # the tiny VAE halves time: 5 frames -> 3
+    assert expected.shape[1:] == (3, 8, 12)  # the tiny VAE halves time (5 frames -> 3) and space
     torch.testing.assert_close(torch.from_numpy(npy(found["000000000.latent.npy"])), expected, atol=1e-5, rtol=1e-5)
     assert json.loads(found["000000000.json"])["frames"] == [0, 2, 5]
+    assert json.loads(found["000000000.json"])["crop"] == [0, 2, 24, 16]
 
     sd = run_cli("encode-data", str(src), str(tmp_path / "sd"), "--weights", str(weights), "--resolution", "16",
                  "--device", "cpu", "--strict", cwd=tmp_path)

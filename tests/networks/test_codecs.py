@@ -114,6 +114,8 @@ def test_sdxl(tmp_path: Path) -> None:
     assert torch.equal(condition[:, 0, :8], pooled) and condition[0, 0, 8:14].tolist() == [32, 24, 0, 4, 16, 16]
     # what encode-data records for a 40x30 (w x h) photo center-cropped (left 5) and resized to 16
     assert SDXLCodec.time_ids((40, 30), (5, 0, 30), 16) == [30.0, 40.0, 0.0, 3.0, 16.0, 16.0]
+    # ... and to 32x16 (w x h): the full width, rows 5..25 (top 5 -> 4 in the resized image), target (16, 32)
+    assert SDXLCodec.time_ids((40, 30), (0, 5, 40, 20), (32, 16)) == [30.0, 40.0, 4.0, 0.0, 16.0, 32.0]
 
     x = pixels(2, 3, 16, 16)
     with torch.no_grad():

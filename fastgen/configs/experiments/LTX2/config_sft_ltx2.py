@@ -11,7 +11,7 @@ VAE's normalised ``128 x 16 x 16 x 24`` latents of 121 frames of 512x768), an ``
 normalised ``8 x 126 x 16``: 121 / 24 s of 16 kHz sound) and a ``text.npy`` (Gemma-3 through the text connectors,
 1024 tokens, the video and audio embeddings side by side: ``fastgen.networks.ltx2_codec``); the two latents nest
 into one sample (``real.video`` / ``real.audio`` fields). ``fastgen encode-data`` writes them from captioned clips
-with sound (``--frames 121``; the log-mel front end and audio VAE: ``fastgen.datasets.encode``). Both streams share each sample's time (``model.modality_times
+with sound (``--resolution 768x512 --frames 121``; the log-mel front end and audio VAE: ``fastgen.datasets.encode``). Both streams share each sample's time (``model.modality_times
 = "independent"`` trains each at its own). Sampling: LTX-2's shift for 6144 video tokens, its terminal time 0.1.
 10% of the captions are dropped for classifier-free guidance (the null condition: zero embeddings); an EMA (beta
 0.9999) is what ``--only ema`` exports. Sampling (``fastgen sample``) and the export guide as ``LTX2Pipeline`` does by
