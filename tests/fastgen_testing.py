@@ -688,11 +688,11 @@ def check_widened_heads(net: Any, x: torch.Tensor, t: torch.Tensor, condition: A
 
 
 def check_checkpointing_and_lora(make_net: Any, x: torch.Tensor, t: torch.Tensor, condition: Any,
-                                 targets: list[str]) -> set[str]:
+                                 targets: list[str], per_pattern: int = 2) -> set[str]:
     """Activation checkpointing of every shard unit (torch's composable ``checkpoint``, what
     ``model.activation_checkpointing`` applies) leaves the gradients of ``make_net()``'s networks as they are; a LoRA
-    adapter on the modules matching ``targets`` (two per pattern: the tiny networks have two blocks) starts as the
-    base network. Returns the adapted modules' paths whose parameters a backward reaches (only the LoRA branches
+    adapter on the modules matching ``targets`` (``per_pattern`` each: most tiny networks have two blocks) starts as
+    the base network. Returns the adapted modules' paths whose parameters a backward reaches (only the LoRA branches
     train: the caller names which)."""
     from torch.distributed._composable import checkpoint
 
@@ -714,7 +714,7 @@ def check_checkpointing_and_lora(make_net: Any, x: torch.Tensor, t: torch.Tensor
     adapted = make_net()
     with torch.no_grad():
         before = adapted(x, t, condition=condition)
-    assert len(LoRAAdapter(rank=2, target_modules=targets).apply(adapted)) == 2 * len(targets)
+    assert len(LoRAAdapter(rank=2, target_modules=targets).apply(adapted)) == per_pattern * len(targets)
     with torch.no_grad():
         torch.testing.assert_close(adapted(x, t, condition=condition), before, atol=1e-6, rtol=0)
     trained = gradients(adapted)

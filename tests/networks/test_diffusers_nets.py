@@ -122,6 +122,44 @@ def test_it_is_the_wrapped_diffusers_model_called_as_its_pipeline_calls_it(famil
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
 
 
+#: labels through a bank of 10 random 3-token prompts
+BANK = {"num_prompts": 10, "prompt_tokens": 3}
+#: LoRA targets of each tiny network and how many modules each pattern matches (attention queries of both kinds)
+LORA_TARGETS = {"sd": (["*attn1.to_q", "*attn2.to_q"], 4), "sdxl": (["*attn1.to_q", "*attn2.to_q"], 4),
+                "flux": (["*attn.to_q"], 3), "wan": (["*attn1.to_q", "*attn2.to_q"], 2),
+                "qwenimage": (["*attn.to_q", "*attn.add_q_proj"], 2), "cogvideox": (["*attn1.to_q", "*attn1.to_v"], 2)}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_activation_checkpointing_and_lora_keep_the_gradients(family: str) -> None:
+    """Every family's wrapper under ``model.activation_checkpointing`` (torch's composable ``checkpoint`` on each of
+    its ``shard_units``) gives the gradients it gives without; a LoRA adapter on its attention queries starts as the
+    base network and trains only its branches, on every matched module."""
+    from fastgen_testing import check_checkpointing_and_lora
+
+    x, t, labels = _inputs(2)
+    targets, per_pattern = LORA_TARGETS[family]
+    adapted = check_checkpointing_and_lora(lambda: _net(family, **BANK), x, t, labels, targets, per_pattern)
+    assert len(adapted) == per_pattern * len(targets)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_meta_build_loaded_is_the_network(family: str) -> None:
+    """``model.meta_init``'s route (``to_empty``, then ``broadcast_full_weights`` from the real build: parameters,
+    persistent buffers and the buffers outside the state dict, e.g. Wan's rotary frequencies) gives the same
+    prediction, bit for bit: nothing the wrapper or the diffusers model keeps is left uninitialised."""
+    from fastgen.distributed.parallelize import broadcast_full_weights
+
+    net = _net(family, **BANK)
+    x, t, labels = _inputs(2)
+    with torch.device("meta"):
+        meta = instantiate(FAMILIES[family](**BANK))
+    meta.to_empty(device="cpu")
+    broadcast_full_weights(meta, net)
+    with torch.no_grad():
+        assert torch.equal(meta(x, t, condition=labels), net(x, t, condition=labels))
+
+
 def test_sdxl_zero_time_ids_are_the_sampled_size_uncropped() -> None:
     """All-zero time ids (the null condition, a prompt encoded without a size) mean the pipeline's default for the
     sampled size: (H, W, 0, 0, H, W) in pixels = latent size x vae_scale_factor; given ones are used as they are."""

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from fastgen_testing import run_in_process as fastgen
-from fastgen_testing import two_iterations
+from fastgen_testing import shard_samples, two_iterations
 from PIL import Image
 from tiny_pipelines import tiny_family_pipeline
 
@@ -61,7 +61,6 @@ def captioned_images(folder: Path) -> Path:
 
 
 def train_config(family: str, weights: Path, shards: Path, latent_shape: list[int] | None = None) -> Any:
-
     from fastgen.configs.callbacks import EMA_CALLBACK
     from fastgen.configs.data import webdataset_loader
     from fastgen.configs.experiments.Digits.config_dmd2_digits import create_config
@@ -106,24 +105,15 @@ def family_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         config = train_config(family, weights, shards)
         Trainer(config).run()
         run = Path(config.log_config.save_path)
+    check_shards_hold_the_codecs_fields(weights, root / "photos", shards)
+    sample = shard_samples(shards)[CAPTIONS[0]]
     if family == "sdxl":  # each image's micro-conditioning: 16x16 originals, uncropped, at resolution 16
-        import io
-        import tarfile
-
-        with tarfile.open(shards / "shard-000000.tar") as tar:
-            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
-        time_ids = np.load(io.BytesIO(members["000000000.time_ids.npy"]))
-        text = np.load(io.BytesIO(members["000000000.text.npy"]))
-        assert time_ids.tolist() == [16, 16, 0, 0, 16, 16] and text[0, 8:14].tolist() == time_ids.tolist()
+        assert sample["time_ids"].tolist() == [16, 16, 0, 0, 16, 16]
+        assert sample["text"][0, 8:14].tolist() == sample["time_ids"].tolist()
     if family == "qwenimage":  # each caption's own tokens, zero-padded to 512; the mask is the nonzero rows
-        import io
-        import tarfile
-
-        with tarfile.open(shards / "shard-000000.tar") as tar:
-            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
-        text = np.load(io.BytesIO(members["000000000.text.npy"]))
-        mask = np.load(io.BytesIO(members["000000000.text_mask.npy"]))
-        assert text.shape == (512, 16) and 0 < mask.sum() < 512 and (np.abs(text).sum(-1) > 0).tolist() == mask.astype(bool).tolist()
+        text, mask = sample["text"], sample["text_mask"]
+        assert text.shape == (512, 16) and 0 < mask.sum() < 512
+        assert (np.abs(text).sum(-1) > 0).tolist() == mask.astype(bool).tolist()
     index = json.loads((shards / "index.json").read_text())
     expected = [1, 1, 8, 8] if family in VIDEO else [1, 8, 8]  # Wan's and CogVideoX's codecs give images one frame
     assert index["latent_shape"] == expected
@@ -131,6 +121,33 @@ def family_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
     assert list(load_config(str(run / "config.yaml")).model.input_shape) == expected  # the data's, recorded
     return {"family": family, "weights": weights, "run": run, "root": root}
+
+
+def check_shards_hold_the_codecs_fields(weights: Path, photos: Path, shards: Path) -> None:
+    """Every caption's sample holds what the family's codec gives: ``latent.npy`` its latents of the photo, and
+    ``text.npy`` (and ``pooled`` / ``text_mask`` / ``time_ids`` where the family has them) its encoding of the
+    caption (``Codec.condition``; SDXL's with that photo's time ids)."""
+    from fastgen.datasets.sources import center_crop_resize
+    from fastgen.networks.codecs import load_codec
+
+    codec = load_codec(weights)
+    samples = shard_samples(shards)
+    assert sorted(samples) == sorted(CAPTIONS)
+    for i, caption in enumerate(CAPTIONS):
+        sample = samples[caption]
+        pixels = torch.from_numpy(center_crop_resize(photos / f"{i}.png", 16)).permute(2, 0, 1)[None].float()
+        latents = codec.encode_images(pixels / 127.5 - 1)[0]
+        torch.testing.assert_close(torch.from_numpy(sample["latent"]), latents.reshape(sample["latent"].shape),
+                                   atol=1e-5, rtol=0)
+        encoded = codec.encode_prompts([caption])
+        if "time_ids" in sample:
+            encoded["time_ids"] = torch.from_numpy(sample["time_ids"])[None]
+        torch.testing.assert_close(torch.from_numpy(sample["text"]), codec.condition(encoded)[0].float(), atol=1e-5,
+                                   rtol=0)
+        if "pooled" in encoded:  # batched in the shards, alone here: equal to float rounding
+            np.testing.assert_allclose(sample["pooled"], encoded["pooled"][0].numpy(), atol=1e-5, rtol=0)
+        if "text_mask" in encoded:
+            assert np.array_equal(sample["text_mask"], encoded["text_mask"][0].long().numpy())
 
 
 def read_png(path: Path) -> np.ndarray:

@@ -12,8 +12,8 @@ classifier-free guidance; an EMA (beta 0.9999) is what ``--only ema`` exports. F
 bfloat16 autocast, activation checkpointing; AdamW at 1e-5 (diffusers' SDXL fine-tuning default).
 
 Memory per rank, an **estimate** (``fastgen dryrun --nproc-per-node 8 -c SD/config_sft_sdxl``; not measured - no
-GPU was lent to this project): 6.00 GiB of state per rank on 8 ranks (the network and its EMA, gradients, Adam);
-the training peak needs the data to trace.
+GPU was lent to this project): 6.00 GiB of state per rank on 8 ranks (the network and its EMA, gradients, Adam)
+and 785 MiB on 64; the training peak needs the data to trace.
 """
 
 from __future__ import annotations
