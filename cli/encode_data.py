@@ -58,7 +58,7 @@ def encode_data(
     src: str = typer.Argument(..., metavar="SRC", help="A folder of images / videos with same-name .txt captions, or WebDataset shards (folder or s3://)."),
     dst: str = typer.Argument(..., metavar="DST", help="The shards folder or s3:// prefix to write (complete shards are kept)."),
     weights: str = typer.Option(..., "--weights", help="A diffusers pipeline folder (model_index.json, vae/, text encoders)."),
-    resolution: str = typer.Option("512", "--resolution", help="Square side the pictures are centre-cropped and resized to, or WIDTHxHEIGHT (e.g. 832x480: the largest centred region of that shape)."),
+    resolution: str = typer.Option("512", "--resolution", metavar="SIDE|WxH", help="Square side the pictures are centre-cropped and resized to, or WIDTHxHEIGHT (e.g. 832x480: the largest centred region of that shape)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Images encoded at once per rank."),
     shard_size: int = typer.Option(1000, "--shard-size", help="Inputs per shard."),
     frames: int = typer.Option(17, "--frames", help="Videos: frames taken from each (Wan, CogVideoX: 4 k + 1; CogVideoX-5b: 49)."),

@@ -470,15 +470,29 @@ class Trainer:
 
     def _adopt_data_latent_shape(self) -> None:
         """A latent model (a diffusers-backed network) trained on ``encode-data`` shards samples at the shards'
-        latent shape (their ``index.json``), not the recipe's default; ``config.yaml`` records it."""
-        from fastgen.datasets.encode import latent_shape_of
+        latent shape (their ``index.json``), not the recipe's default; ``config.yaml`` records it. A multimodal one
+        (``model.modality_shapes``) takes each modality's from the member its loader reads it from (``real.video``:
+        ``latent.npy``, ``real.audio``: ``audio_latent.npy``)."""
+        from fastgen.datasets.encode import member_shapes_of
         from fastgen.networks.diffusers_nets import diffusers_backbone_class
 
         model_config = self.config.model
         loader = self.config.dataloader_train
         if diffusers_backbone_class(model_config.net) is None or loader is None:
             return
-        shape = latent_shape_of(getattr(loader, "datatags", None))
+        recorded = member_shapes_of(getattr(loader, "datatags", None))
+        modalities = getattr(model_config, "modality_shapes", None)
+        if modalities:
+            fields = dict(getattr(loader, "fields", None) or {})
+            found = {key.removeprefix("real."): recorded[member] for key, member in fields.items()
+                     if key.startswith("real.") and member in recorded}
+            if set(found) == set(modalities) and any(list(modalities[k]) != v for k, v in found.items()):
+                logger.info("model.modality_shapes: %s, the shapes in the training data (the config said %s)", found,
+                            {k: list(v) for k, v in modalities.items()})
+                model_config.modality_shapes = found
+                model_config.input_shape = found.get("video", list(model_config.input_shape))
+            return
+        shape = recorded.get("latent.npy")
         if shape is not None and list(model_config.input_shape) != shape:
             logger.info("model.input_shape: %s, the latents' shape in the training data (the config said %s)", shape,
                         list(model_config.input_shape))

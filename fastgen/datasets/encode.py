@@ -456,10 +456,15 @@ def _first_latent_shape(dst: Path, shards: list[dict[str, Any]]) -> list[int] | 
     return None
 
 
-def latent_shape_of(datatags: Any) -> list[int] | None:
-    """The latent shape ``encode-data`` recorded in the ``index.json`` of a loader's local ``WDS:`` folders (None
-    when none has one; S3 folders are not read here). Folders that disagree are a one-line error."""
-    shapes = {}
+#: the shard members whose shapes ``index.json`` records, and under which key
+_RECORDED_SHAPES = {"latent.npy": "latent_shape", "audio_latent.npy": "audio_shape"}
+
+
+def member_shapes_of(datatags: Any) -> dict[str, list[int]]:
+    """The shapes ``encode-data`` recorded in the ``index.json`` of a loader's local ``WDS:`` folders, by shard
+    member (``{"latent.npy": [...], "audio_latent.npy": [...]}``; empty when no folder has an index; S3 folders are
+    not read here). Folders that disagree are a one-line error."""
+    shapes: dict[str, dict[str, list[int]]] = {}
     for tag in [datatags] if isinstance(datatags, str) else list(datatags or []):
         folder = str(tag).removeprefix("WDS:")
         index_file = Path(folder).expanduser() / "index.json"
@@ -469,12 +474,25 @@ def latent_shape_of(datatags: Any) -> list[int] | None:
             index = json.loads(index_file.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(index, dict) and index.get("format") == FORMAT and index.get("latent_shape"):
-            shapes[folder] = [int(x) for x in index["latent_shape"]]
-    if len({tuple(shape) for shape in shapes.values()}) > 1:
-        found = "; ".join(f"{folder}: {shape}" for folder, shape in shapes.items())
-        raise UsageError(f"the data folders hold latents of different shapes ({found})")
-    return next(iter(shapes.values()), None)
+        if not isinstance(index, dict) or index.get("format") != FORMAT:
+            continue
+        for member, key in _RECORDED_SHAPES.items():
+            if index.get(key):
+                shapes.setdefault(member, {})[folder] = [int(x) for x in index[key]]
+    found: dict[str, list[int]] = {}
+    for member, by_folder in shapes.items():
+        if len({tuple(shape) for shape in by_folder.values()}) > 1:
+            listed = "; ".join(f"{folder}: {shape}" for folder, shape in by_folder.items())
+            what = "latents" if member == "latent.npy" else member.removesuffix(".npy").replace("_", " ") + "s"
+            raise UsageError(f"the data folders hold {what} of different shapes ({listed})")
+        found[member] = next(iter(by_folder.values()))
+    return found
+
+
+def latent_shape_of(datatags: Any) -> list[int] | None:
+    """The latent shape ``encode-data`` recorded in the ``index.json`` of a loader's local ``WDS:`` folders (None
+    when none has one; S3 folders are not read here). Folders that disagree are a one-line error."""
+    return member_shapes_of(datatags).get("latent.npy")
 
 
 def write_index(codec: Any, dst: Path | Destination, weights: Path, resolution: Resolution, num_shards: int,
@@ -517,5 +535,6 @@ def write_index(codec: Any, dst: Path | Destination, weights: Path, resolution: 
 
 
 __all__ = ["FORMAT", "Destination", "Frames", "ShardInput", "Source", "captioned_images", "check_sizes", "encode_folder",
-           "encode_shard", "encode_shards", "folder_shards", "is_webdataset_source", "latent_shape_of", "shard_name",
+           "encode_shard", "encode_shards", "folder_shards", "is_webdataset_source", "latent_shape_of", "member_shapes_of",
+           "shard_name",
            "webdataset_shards", "write_index"]

@@ -112,7 +112,8 @@ def test_clips_become_video_audio_and_text_fields(folder: Path, encoded: dict[st
 
 def test_sft_trains_on_the_shards(folder: Path, encoded: dict[str, Any], output_root: Path) -> None:
     """The shards are LTX-2's training data as written: SFT on the folder's transformer reads ``real.video`` /
-    ``real.audio`` / ``condition`` from them (shapes from ``index.json``) and moves its weights in 2 iterations."""
+    ``real.audio`` / ``condition`` from them and moves its weights in 2 iterations; the config's other sizes give
+    way to the shards' (``index.json``), which ``config.yaml`` records."""
     from fastgen.configs.data import webdataset_loader
     from fastgen.configs.methods.config_sft import create_config as sft_config
     from fastgen.trainer import Trainer
@@ -121,8 +122,8 @@ def test_sft_trains_on_the_shards(folder: Path, encoded: dict[str, Any], output_
     config = sft_config()
     config.model.net = ltx2_transformer(TINY_LTX2, fps=FRAME_RATE, video_seq_len=80)
     config.model.pretrained_model_path = str(folder)
-    config.model.modality_shapes = {"video": index["latent_shape"], "audio": index["audio_shape"]}
-    config.model.input_shape = index["latent_shape"]
+    config.model.modality_shapes = {"video": [2, 3, 8, 8], "audio": [2, 20, 4]}  # a recipe's other clip size
+    config.model.input_shape = [2, 3, 8, 8]
     config.dataloader_train = webdataset_loader(
         [f"WDS:{encoded['dst']}"], batch_size=2, shuffle_buffer=4,
         fields={"real.video": "latent.npy", "real.audio": "audio_latent.npy", "condition": "text.npy"})
@@ -133,6 +134,11 @@ def test_sft_trains_on_the_shards(folder: Path, encoded: dict[str, Any], output_
     trainer = Trainer(config)
     model = trainer.run()
     assert trainer.iteration == 2
+    from fastgen.configs.config_utils import load_config
+
+    recorded = load_config(str(Path(config.log_config.save_path) / "config.yaml")).model
+    assert {k: list(v) for k, v in recorded.modality_shapes.items()} == {"video": index["latent_shape"],
+                                                                          "audio": index["audio_shape"]}
     moved = [k for k, v in model.net.backbone.model.state_dict().items() if not torch.equal(v, start[k])]
     assert moved
 
