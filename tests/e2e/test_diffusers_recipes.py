@@ -20,6 +20,7 @@ RECIPES = {"SD/config_dmd2_sd15": "sd15", "SD/config_dmd2_sdxl": "sdxl", "SD/con
            "CosmosPredict2/config_dmd2_cosmos_predict2": "cosmos_predict2_2b",
            "CosmosPredict2/config_sft_cosmos_predict2": "cosmos_predict2_2b",
            "CosmosPredict2/config_sft_cosmos_predict2_video2world": "cosmos_predict2_2b_v2w",
+           "CosmosPredict2/config_dmd2_cosmos_predict2_video2world": "cosmos_predict2_2b_v2w",
            "CosmosPredict2/config_sft_cosmos_predict25": "cosmos_predict25_2b",
            "CosmosPredict2/config_dmd2_cosmos_predict25": "cosmos_predict25_2b"}
 

@@ -2,8 +2,9 @@
 ``CosmosTransformer3DModel`` and ``Cosmos2TextToImagePipeline`` at tiny random size (``tests/tiny_cosmos_predict2.py``:
 the real classes, tokenizers built here) are the oracles - the wrapper against the model's own ``forward``, the
 schedule against the pipeline's preconditioning and grid, the codec against the pipeline's encoding, fastgen's
-teacher ODE against the pipeline's denoising loop, exports against fastgen's samples; the network contract (labels,
-feature taps, meta builds, activation checkpointing, LoRA, PDD heads); SFT and DMD2 through the real trainer."""
+teacher ODE against the pipeline's denoising loop, exports against fastgen's samples (and ``fastgen sample --prompt``'s
+PNGs); the network contract (labels, feature taps, meta builds, activation checkpointing, LoRA - the last three for
+the video-to-world model too -, PDD heads); SFT and DMD2 through the real trainer."""
 
 from __future__ import annotations
 
@@ -197,33 +198,55 @@ def test_contract_labels_taps_and_refusals() -> None:
         net(torch.randn(2, 2, 8, 8), t, condition=labels)
 
 
-def test_a_meta_build_filled_from_a_real_one_predicts_the_same() -> None:
+#: per config: the sample shape the network-contract tests use (an image; for the video-to-world model a 3-frame
+#: video, its first latent frame given) and the keyword arguments of its calls
+SAMPLES = {"t2i": ([1, 8, 8], {}), "v2w": ([1, 3, 8, 8], {"conditioning_frames": 1})}
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_a_meta_build_filled_from_a_real_one_predicts_the_same(kind: str) -> None:
     """``model.meta_init``: the network built on the meta device (a forward there gives the feature shapes DMD2's
     GAN heads are sized by), allocated with ``to_empty`` and filled from a real build (``broadcast_full_weights``)
-    predicts exactly what the real build does."""
+    predicts exactly what the real build does - for the video-to-world model also with its first frame given (the
+    condition-mask channel's patch-embedding weights filled like the others)."""
     from fastgen.distributed.parallelize import broadcast_full_weights
     from fastgen.networks.discriminator import probe_feature_shapes
 
-    real = _net(num_prompts=2)
+    config, (shape, given) = CONFIGS[kind], SAMPLES[kind]
+    real = _net(config, num_prompts=2)
     with torch.device("meta"):
-        meta = instantiate(cosmos_predict2_transformer(TINY_COSMOS_PREDICT2, text_tokens=TEXT_TOKENS, num_prompts=2))
-        assert probe_feature_shapes(meta, [1, 8, 8], [1], 2, t=80.0) == [[24, 4, 4]]
+        meta = instantiate(cosmos_predict2_transformer(config, text_tokens=TEXT_TOKENS, num_prompts=2))
+        tokens = 4 * (shape[1] if len(shape) == 4 else 1)  # the taps' (D, F h, w) maps: 4 x 4 patches a frame
+        assert probe_feature_shapes(meta, shape, [1], 2, t=80.0) == [[24, tokens, 4]]
     assert all(p.is_meta for p in meta.parameters())
     meta.to_empty(device="cpu")
     broadcast_full_weights(meta, real)
-    x, t, text = torch.randn(2, 1, 8, 8), torch.tensor([0.3, 9.0]), torch.randn(2, 4, 16)
+    x, t, text = torch.randn(2, *shape), torch.tensor([0.3, 9.0]), torch.randn(2, 4, 16)
     with torch.no_grad():
         assert torch.equal(meta(x, t, condition=text), real(x, t, condition=text))
+        if given:
+            assert torch.equal(meta(x, t, condition=text, **given), real(x, t, condition=text, **given))
 
 
-def test_activation_checkpointing_and_lora_keep_the_gradients() -> None:
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_activation_checkpointing_and_lora_keep_the_gradients(kind: str) -> None:
     """Activation checkpointing of every block (torch's composable ``checkpoint``, what
     ``model.activation_checkpointing`` applies to ``shard_units``) gives the same gradients; a LoRA adapter on the
-    self- and cross-attention queries trains only its branches and starts as the base network."""
+    self- and cross-attention queries trains only its branches and starts as the base network. The video-to-world
+    model is called as its training calls it: a video with its first latent frame given (``WithConditioningFrames``,
+    the condition mask on)."""
     from fastgen_testing import check_checkpointing_and_lora
 
-    x, t, text = torch.randn(2, 1, 8, 8), torch.tensor([0.3, 9.0]), torch.randn(2, 4, 16)
-    adapted = check_checkpointing_and_lora(_net, x, t, text, ["*attn1.to_q", "*attn2.to_q"])
+    from fastgen.networks.conditioning_frames import WithConditioningFrames
+
+    config, (shape, given) = CONFIGS[kind], SAMPLES[kind]
+
+    def make_net() -> Any:
+        net = _net(config)
+        return WithConditioningFrames(net, given["conditioning_frames"]) if given else net
+
+    x, t, text = torch.randn(2, *shape), torch.tensor([0.3, 9.0]), torch.randn(2, 4, 16)
+    adapted = check_checkpointing_and_lora(make_net, x, t, text, ["*attn1.to_q", "*attn2.to_q"])
     assert {".".join(path.split(".")[-2:]) for path in adapted} == {"attn1.to_q", "attn2.to_q"}
 
 
@@ -272,8 +295,16 @@ def test_exports_reload_in_diffusers_and_render_as_fastgen_samples(pipeline_fold
     exported Karras-sigma scheduler. The teacher's latents for a prompt and seed are fastgen's ``PromptSampler``'s
     (1e-5) and its image is fastgen's pixels (1/255). The student's pipeline takes fastgen's one step and then stops
     at ``sigma_min``, as it always does: its latents are ``x0 + 0.002 (x_T - x0) / 80`` of fastgen's sample ``x0``
-    (1e-4: float32 Euler from ``|x_T|`` near 250), and its image within 2/255 of fastgen's. A multi-step student,
-    guidance the pipeline cannot apply and times off its grid are refused in one line."""
+    (1e-4: float32 Euler from ``|x_T|`` near 250), and its image within 2/255 of fastgen's. ``fastgen sample RUN
+    --prompt`` (``--teacher --steps 4 --guidance 3`` for the teacher) writes that same image as ``0000.png``: the
+    PNG is within the same tolerance of what the exported pipeline renders. A multi-step student, guidance the
+    pipeline cannot apply and times off its grid are refused in one line."""
+    import json
+
+    import numpy as np
+    from fastgen_testing import run_in_process
+    from PIL import Image
+
     from fastgen.checkpoint.run import load_run, select_net
     from fastgen.networks.codecs import load_codec
     from fastgen.pipelines.export import export_diffusers
@@ -313,6 +344,18 @@ def test_exports_reload_in_diffusers_and_render_as_fastgen_samples(pipeline_fold
             start = PipelineNoise("cosmos2", seeded([5]), 5).initial([1, 8, 8], sigma_max=80.0)
             torch.testing.assert_close(theirs("latent"), latents + 0.002 * (start - latents) / 80.0, atol=1e-4, rtol=0)
             assert abs(rendered - pixels.astype(int)).max() <= 2
+        # the command line: `fastgen sample RUN --prompt` writes the PNG the exported pipeline renders
+        flags = ["--teacher", "--steps", "4", "--guidance", "3"] if which == "teacher" else []
+        result = run_in_process("sample", str(run.run_dir), "--prompt", PROMPTS[0], "--seed", "5", "--device", "cpu",
+                                "--out", str(tmp_path / f"cli_{which}"), *flags)
+        assert result.returncode == 0, result.stderr[-2000:]
+        records = json.loads((tmp_path / f"cli_{which}" / "samples.json").read_text())
+        assert [(r["file"], r["prompt"], r["seed"]) for r in records] == [("0000.png", PROMPTS[0], 5)]
+        with Image.open(tmp_path / f"cli_{which}" / "0000.png") as image:
+            png = np.asarray(image.convert("RGB")).astype(int)
+        assert png.shape == rendered.shape[1:] == (16, 16, 3)
+        assert abs(png - rendered[0]).max() <= (1 if which == "teacher" else 2)
+        assert np.array_equal(png, pixels[0].astype(int))  # the same sampler as PromptSampler's, to the bit
     net = select_net(run, "net")
     with pytest.raises(UsageError, match="multi-step student"):
         diffusers_sampling("cosmos2", SamplingPlan("renoise", (80.0, 1.0)), net)

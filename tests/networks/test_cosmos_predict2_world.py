@@ -1,7 +1,9 @@
 """Video-to-world (``fastgen.networks.conditioning_frames``, ``fastgen.pipelines.world``) with Cosmos Predict2's
 Video2World model: diffusers' ``Cosmos2VideoToWorldPipeline`` at tiny random size (``tests/tiny_cosmos_predict2.py``)
-is the oracle for sampling from a conditioning image or clip; the network contract on given frames; SFT on moving
-digits with the first latent frame given, through the real trainer; the refusals."""
+is the oracle for sampling from a conditioning image or clip and for the codec and ``encode-data`` of clips (its
+``encode_prompt`` and ``prepare_latents``); the network contract on given frames; SFT on moving digits with the first
+latent frame given, through the real trainer (also on 2 FSDP2 ranks after a meta-device build, through the real
+launcher); DMD2 on given frames; the refusals."""
 
 from __future__ import annotations
 
@@ -398,3 +400,158 @@ def test_a_list_of_counts_draws_one_per_step_from_the_shared_stream(tmp_path: Pa
     config.model.conditioning_frames = [1, 8]
     with pytest.raises(ConfigError, match="more than 8 latent frames"):
         build(config.model_class, config=config.model)
+
+
+def test_the_codec_of_a_video_to_world_folder_encodes_as_its_pipeline(world_folder: Path) -> None:
+    """The codec loaded from a ``Cosmos2VideoToWorldPipeline`` folder is that pipeline's own encoding: its prompt
+    and negative-prompt states are ``encode_prompt``'s, and a 3-frame conditioning clip per sample, padded to 5
+    frames and encoded with the sample's generator (``fastgen.pipelines.world.conditioning_latents``), gives the
+    normalised latents and the given-frame count of the pipeline's ``prepare_latents`` (its ``init_latents`` and
+    ``cond_indicator``; posterior samples drawn from the same generators); without a generator the codec's latents
+    are the posterior's mode normalised as ``prepare_latents`` normalises."""
+    from diffusers.pipelines.cosmos.pipeline_cosmos2_video2world import retrieve_latents
+
+    from fastgen.networks.codecs import CosmosPredict2Codec, load_codec
+    from fastgen.pipelines.noise import seeded
+    from fastgen.pipelines.world import conditioning_latents, pad_clip
+
+    pipe = load_pipeline(world_folder)
+    assert type(pipe).__name__ == "Cosmos2VideoToWorldPipeline"
+    codec = load_codec(world_folder, max_sequence_length=TEXT_TOKENS)
+    assert isinstance(codec, CosmosPredict2Codec) and codec.family == "cosmos2"
+    prompts = [PROMPT, "two dogs"]
+    with torch.no_grad():
+        cond, uncond = pipe.encode_prompt(prompts, negative_prompt=["blurry", ""], max_sequence_length=TEXT_TOKENS)
+    assert torch.equal(codec.encode_prompts(prompts)["text"], cond)
+    assert torch.equal(codec.encode_negative(["blurry", ""])["text"], uncond)
+
+    clips = [load_clip_from_frames(random_frames(3, seed=s)) for s in (21, 22)]
+    with torch.no_grad():
+        ours, given = conditioning_latents(codec, clips, 5, seeded([8, 9]))
+        _, theirs, indicator, *_ = pipe.prepare_latents(
+            torch.cat(clips), 2, 1, 16, 16, 5, do_classifier_free_guidance=False, dtype=torch.float32,
+            device=torch.device("cpu"), generator=[torch.Generator().manual_seed(s) for s in (8, 9)])
+    assert ours.shape == theirs.shape == (2, 1, 3, 8, 8)
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
+    assert given == 2 and indicator.flatten().tolist() == [1.0, 1.0, 0.0]
+    assert not torch.allclose(ours[0], ours[1], atol=1e-3)  # two clips, two generators
+    config = pipe.vae.config
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1, 1) for v in (config.latents_mean, config.latents_std))
+    padded = pad_clip(clips[0], 5)[0]
+    with torch.no_grad():
+        mode = (retrieve_latents(pipe.vae.encode(padded), sample_mode="argmax") - mean) / std
+    torch.testing.assert_close(codec.encode_images(padded), mode * pipe.scheduler.config.sigma_data, atol=1e-6, rtol=0)
+
+
+def test_encode_data_of_clips_writes_the_video_to_world_pipelines_latents_and_prompts(world_folder: Path,
+                                                                                     tmp_path: Path) -> None:
+    """``fastgen encode-data --frames 5`` of captioned 16x16 MP4 clips (``write_mp4``) with a Cosmos Predict2
+    video-to-world folder: each clip's first 5 frames (as decoded from the file) become ``(1, 3, 8, 8)`` latents equal
+    to the pipeline's VAE mode of those frames normalised as ``prepare_latents`` normalises, and its caption a
+    ``text.npy`` equal to the pipeline's ``encode_prompt`` (512 rows, the codec's default ``max_sequence_length``)."""
+    import json
+
+    import numpy as np
+    from diffusers.pipelines.cosmos.pipeline_cosmos2_video2world import retrieve_latents
+    from fastgen_testing import run_in_process, shard_samples
+
+    from fastgen.pipelines.media import read_mp4, write_mp4
+
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    captions = [PROMPT, "two dogs"]
+    rng = np.random.default_rng(0)
+    for i, caption in enumerate(captions):
+        write_mp4(clips / f"{i}.mp4", rng.integers(0, 256, (7, 16, 16, 3), dtype=np.uint8), fps=16)
+        (clips / f"{i}.txt").write_text(caption)
+    shards = tmp_path / "shards"
+    result = run_in_process("encode-data", str(clips), str(shards), "--weights", str(world_folder), "--resolution",
+                            "16", "--frames", "5", "--device", "cpu")
+    assert result.returncode == 0, result.stderr[-2000:]
+    index = json.loads((shards / "index.json").read_text())
+    assert index["family"] == "cosmos2" and index["samples"] == 2 and index["latent_shape"] == [1, 3, 8, 8]
+    samples = shard_samples(shards)
+    assert sorted(samples) == sorted(captions)
+    pipe = load_pipeline(world_folder)
+    config = pipe.vae.config
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1, 1) for v in (config.latents_mean, config.latents_std))
+    for i, caption in enumerate(captions):
+        frames = read_mp4(clips / f"{i}.mp4")[:5]
+        video = torch.from_numpy(frames).permute(3, 0, 1, 2)[None].float() / 127.5 - 1
+        with torch.no_grad():
+            raw = retrieve_latents(pipe.vae.encode(video), sample_mode="argmax")
+            text = pipe.encode_prompt(caption, do_classifier_free_guidance=False)[0][0]
+        want = ((raw - mean) / std * pipe.scheduler.config.sigma_data)[0]
+        torch.testing.assert_close(torch.from_numpy(samples[caption]["latent"]), want, atol=1e-5, rtol=0)
+        assert samples[caption]["text"].shape == (512, 16)
+        torch.testing.assert_close(torch.from_numpy(samples[caption]["text"]), text, atol=1e-6, rtol=0)
+
+
+FSDP_RECIPE = '''
+from omegaconf import DictConfig
+
+from fastgen.configs.experiments.Digits.config_sft_wan_moving_digits import create_config as moving_digits
+from fastgen.configs.net_cosmos_predict2 import TINY_COSMOS_PREDICT2_V2W, cosmos_predict2_transformer
+
+
+def create_config():
+    config = moving_digits()
+    config.model.net = cosmos_predict2_transformer(TINY_COSMOS_PREDICT2_V2W, text_tokens={text_tokens}, num_prompts=10,
+                                                   prompt_tokens=3)
+    config.model.pretrained_model_path = {folder!r}
+    config.model.conditioning_frames = [1, 2]
+    config.model.use_ema = False
+    config.trainer.callbacks = DictConfig({{}})
+    config.trainer.validation_iter = None
+    config.dataloader_val = None
+    config.log_config.name = "cosmos_predict2_world_fsdp"
+    return config
+'''
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_train_video_to_world_after_a_meta_build(world_folder: Path, output_root: Path,
+                                                                tmp_path: Path) -> None:
+    """SFT of the tiny Video2World model on 2 ranks through the real launcher (``fastgen train --nproc-per-node 2``,
+    gloo): every rank builds the network on the meta device, FSDP2 shards its blocks, rank 0 reads the pipeline
+    folder and broadcasts; activation checkpointing on every block; the first latent frame or two given
+    (``model.conditioning_frames = [1, 2]``, the count drawn from the stream every rank shares). The final
+    checkpoint's network has the folder's keys and moved from its weights, by no more than two optimizer steps move
+    them (the broadcast filled every shard, the condition-mask channel's included, with the folder's weights), and
+    the run loads back (``load_run``, unsharded): the loaded network is the checkpoint's, and continuing a clip it
+    returns the given frame as it is."""
+    from multirank import fastgen
+    from safetensors.torch import load_file
+
+    from fastgen.checkpoint.checkpointer import load_checkpoint
+    from fastgen.checkpoint.run import load_run, select_net
+
+    recipe = tmp_path / "tiny_world_fsdp.py"
+    recipe.write_text(FSDP_RECIPE.format(folder=str(world_folder), text_tokens=TEXT_TOKENS))
+    result = fastgen("train", "--nproc-per-node", "2", "-c", str(recipe), "--eval-samples", "0", "-",
+                     "trainer.fsdp=True", "model.meta_init=True", "model.activation_checkpointing=True",
+                     "trainer.max_iter=2", "trainer.logging_iter=1", "trainer.save_ckpt_iter=2",
+                     "dataloader_train.batch_size=4", cwd=tmp_path, env={"WANDB_MODE": "disabled"}, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "loaded the pretrained weights" in result.stderr and "2 rank(s)" in result.stderr, result.stderr[-3000:]
+    saved = load_file(str(world_folder / "transformer" / "diffusion_pytorch_model.safetensors"))
+    run_dir = output_root / "fastgen" / "moving_digits" / "cosmos_predict2_world_fsdp"
+    payload = load_checkpoint(str(run_dir / "checkpoints" / "0000002.pth"))
+    net = {k.removeprefix("backbone.model."): v for k, v in payload["model"]["net"].items()
+           if k.startswith("backbone.model.")}
+    assert net.keys() == saved.keys()
+    assert any(not torch.equal(net[k], saved[k]) for k in saved), "the sharded SFT moved nothing"
+    # from the folder's weights, every one of them (the mask channel's patch-embedding columns included): two Adam
+    # steps at lr 1e-3 move no weight by more than 2e-3
+    moved = {k: float((net[k] - saved[k]).abs().max()) for k in saved}
+    assert max(moved.values()) < 2.5e-3, sorted(moved.items(), key=lambda kv: -kv[1])[:3]
+
+    run = load_run(run_dir, device=torch.device("cpu"))
+    assert list(run.config.model.conditioning_frames) == [1, 2] and run.iteration == 2
+    loaded = select_net(run, "net")
+    for name, p in loaded.backbone.model.state_dict().items():
+        assert torch.equal(p, net[name]), name
+    x, t = torch.randn(2, 1, 8, 8, 16), torch.tensor([0.5, 20.0])
+    with torch.no_grad():
+        out = loaded(x, t, condition=torch.tensor([1, 4]), conditioning_frames=1)
+    assert torch.equal(out[:, :, :1], x[:, :, :1]) and torch.isfinite(out).all()
