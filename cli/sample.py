@@ -239,7 +239,8 @@ def _sample_prompts(run, net, which: str, prompts: list[str], per_prompt: int, s
         raise UsageError(f"--prompt samples multimodal runs of {', '.join(MODALITY_ORDER)}; this run is multimodal "
                          f"(model.modality_shapes {sorted(shapes)}) with a {family} pipeline, whose drawing of "
                          "every modality fastgen does not reproduce: sample it without --prompt")
-    if not shapes and family in MODALITY_ORDER:
+    # LTX2Pipeline always samples both streams; Cosmos3OmniPipeline video alone unless enable_sound=True
+    if not shapes and family == "ltx2":
         raise UsageError(f"a {family} pipeline samples {' and '.join(MODALITY_ORDER[family])} together; this run "
                          "has no model.modality_shapes")
     device = next(net.parameters()).device
@@ -260,7 +261,8 @@ def _sample_prompts(run, net, which: str, prompts: list[str], per_prompt: int, s
         if len(latent_shape) != 4:
             raise UsageError(f"--image / --video continue a video; this model samples {latent_shape}")
         factor = spatial_factor(codec.vae)
-        clip = load_clip(clip_path, int(latent_shape[2]) * factor, int(latent_shape[3]) * factor)
+        clip = load_clip(clip_path, int(latent_shape[2]) * factor, int(latent_shape[3]) * factor,
+                         getattr(codec, "conditioning_image", None))
     start = time.perf_counter()
     if interactive():
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -129,6 +129,15 @@ class Cosmos3Codec(Codec):
         decoded = super().decode_latents(self._as_video(latents))
         return decoded[:, :, 0] if latents.dim() == 4 else decoded
 
+    @staticmethod
+    def conditioning_image(image: Any, height: int, width: int) -> torch.Tensor:
+        """``(1, 3, 1, H, W)`` in ``[-1, 1]`` of a PIL image, as ``Cosmos3OmniPipeline`` prepares an ``image=``
+        (its ``_preprocess_conditioning_image``: scaled to cover ``H x W`` keeping its aspect, bilinear with
+        antialiasing, centre-cropped, rounded to 8 bits) - not the video processor's resize of a clip's frames."""
+        from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _preprocess_conditioning_image
+
+        return _preprocess_conditioning_image(image, height=height, width=width).unsqueeze(2)
+
     def conditioning_latents(self, clips: Sequence[torch.Tensor], num_frames: int,
                              generators: Sequence[torch.Generator] | None = None) -> tuple[torch.Tensor, int]:
         """Image / video to video (``fastgen.networks.conditioning_frames``) as ``Cosmos3OmniPipeline.prepare_latents``

@@ -60,6 +60,17 @@ class CosmosPredict25Codec(CosmosPredict2Codec):
         mean, inverse = self._inverse_stats(latents)
         return latents / inverse + mean  # __call__ before vae.decode
 
+    @staticmethod
+    def conditioning_image(image: Any, height: int, width: int) -> torch.Tensor:
+        """``(1, 3, 1, H, W)`` in ``[-1, 1]`` of a PIL image, as ``Cosmos2_5_PredictBasePipeline`` prepares an
+        ``image=``: to a ``[0, 1]`` tensor first (torchvision's ``to_tensor``), then the video processor's tensor
+        resize - nearest-neighbour, not the Lanczos of a PIL resize (``fastgen.pipelines.world.load_clip``)."""
+        import numpy as np
+        from diffusers.video_processor import VideoProcessor
+
+        pixels = torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0).permute(2, 0, 1)
+        return VideoProcessor(vae_scale_factor=8).preprocess_video(pixels[None, None], height, width)
+
     def conditioning_latents(self, clips: Sequence[torch.Tensor], num_frames: int,
                              generators: Sequence[torch.Generator] | None = None) -> tuple[torch.Tensor, int]:
         """The video-to-world conditioning as ``Cosmos2_5_PredictBasePipeline`` prepares it - zero-frame padding of an

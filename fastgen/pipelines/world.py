@@ -11,7 +11,7 @@ the given ones (``k_t``: the VAE's temporal factor). The starting noise is drawn
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -47,9 +47,12 @@ def conditioning_latents(codec: Any, clips: Sequence[torch.Tensor], num_frames: 
     return encode_given_clips(codec, padded, generators)
 
 
-def load_clip(path: str, height: int, width: int) -> torch.Tensor:
+def load_clip(path: str, height: int, width: int, prepare_image: Callable[..., torch.Tensor] | None = None
+              ) -> torch.Tensor:
     """An image file or a video (MP4, GIF: every frame) as ``(1, C, n, H, W)`` pixels in ``[-1, 1]``, resized as
-    the pipeline's ``VideoProcessor`` resizes (``preprocess`` / ``preprocess_video``)."""
+    the pipeline's ``VideoProcessor`` resizes (``preprocess`` / ``preprocess_video``). ``prepare_image``: how the
+    family's pipeline prepares an ``image=`` instead (a codec's ``conditioning_image(image, height, width)``:
+    Cosmos Predict 2.5 and Cosmos 3 resize it their own ways)."""
     from pathlib import Path
 
     from diffusers.video_processor import VideoProcessor
@@ -69,7 +72,10 @@ def load_clip(path: str, height: int, width: int) -> torch.Tensor:
                 raise UsageError(f"{path}: the video has no frames")
             return processor.preprocess_video([frames], height, width)
         with Image.open(file) as image:
-            return processor.preprocess(image.convert("RGB"), height, width).unsqueeze(2)
+            rgb = image.convert("RGB")
+        if prepare_image is not None:
+            return prepare_image(rgb, height, width)
+        return processor.preprocess(rgb, height, width).unsqueeze(2)
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: not an image or video this can read ({exc})") from None
 

@@ -2,7 +2,8 @@
 tiny random size (``tests/tiny_cosmos3.py``: the real classes, a tokenizer built here) are the oracles - the batched
 packed forward against the model's own ``forward`` on each sample's packed sequence as the pipeline builds it, the
 null condition against the pipeline's negative prompt, fastgen's teacher ODE against the pipeline's denoising loop;
-the network contract (feature taps, frozen parameters, meta builds); SFT and DMD2 through the real trainer."""
+the network contract (feature taps, frozen parameters, meta builds); SFT and DMD2 through the real trainer; the
+exports reloaded as the pipeline, rendering what ``fastgen sample --prompt`` writes."""
 
 from __future__ import annotations
 
@@ -369,8 +370,17 @@ def test_exports_reload_in_diffusers_and_render_as_fastgen_samples(pipeline_fold
     ``export_diffusers``: ``DiffusionPipeline.from_pretrained`` gives a ``Cosmos3OmniPipeline`` with the exported
     rectified-flow Euler scheduler, whose latents for a prompt and seed are fastgen's ``PromptSampler``'s (the
     codec sized for the sampled latents, as ``fastgen sample`` samples; 1e-4) and whose frames are its pixels
-    (1/255); the student's re-noising comes from torch's global generator in both."""
+    (1/255); the student's re-noising comes from torch's global generator in both. The command line, ``fastgen
+    sample --prompt`` from the run directory, writes the PNGs the exported pipelines render for the same prompts
+    and seeds (1/255): the student's for one prompt (seed 5: its re-noising draws from the global generator
+    seeded with the first seed, for the whole batch), the teacher's (``--teacher --steps 3 --guidance 2``) for
+    two (seeds 5 and 6, each its own generator's)."""
+    import json
+
+    import numpy as np
     from diffusers import DiffusionPipeline
+    from fastgen_testing import run_in_process
+    from PIL import Image
 
     from fastgen.checkpoint.run import load_run, select_net
     from fastgen.networks.codecs import load_codec
@@ -387,9 +397,11 @@ def test_exports_reload_in_diffusers_and_render_as_fastgen_samples(pipeline_fold
     Trainer(config).run()
     run = load_run(output_root / "fastgen" / "digits" / "export_cosmos3")
     codec = load_codec(pipeline_folder)
+    calls = {}
     for which, options in (("net", {}), ("teacher", {"steps": 3, "guidance": 2.0})):
         info = export_diffusers(str(run.checkpoint), str(tmp_path / which), only=which, **options)
         assert info["family"] == "cosmos3" and info["scheduler"] == "FlowMatchEulerDiscreteScheduler"
+        calls[which] = info["call"]
         assert info["global_seed"] == (which == "net")
         pipe = DiffusionPipeline.from_pretrained(tmp_path / which)
         pipe.set_progress_bar_config(disable=True)
@@ -406,6 +418,32 @@ def test_exports_reload_in_diffusers_and_render_as_fastgen_samples(pipeline_fold
         torch.testing.assert_close(latents, theirs("latent")[:, :, 0], atol=1e-4, rtol=0)
         rendered = (theirs("np") * 255).round().astype(int)
         assert abs(rendered - pixels.astype(int)).max() <= 1, which
+
+    # ``fastgen sample --prompt`` from the run directory: the files it writes are the exported pipelines' renders
+    for which, extra, prompts in (("net", [], PROMPTS[:1]),
+                                  ("teacher", ["--teacher", "--steps", "3", "--guidance", "2"], PROMPTS)):
+        out = tmp_path / f"cli_{which}"
+        result = run_in_process("sample", str(output_root / "fastgen" / "digits" / "export_cosmos3"), *extra,
+                                *[arg for prompt in prompts for arg in ("--prompt", prompt)], "--seed", "5",
+                                "--out", str(out))
+        assert result.returncode == 0, result.stderr[-2000:]
+        records = json.loads((out / "samples.json").read_text())
+        assert [(r["file"], r["prompt"], r["seed"]) for r in records] == [
+            (f"{i:04d}.png", prompt, 5 + i) for i, prompt in enumerate(prompts)]
+        pipe = DiffusionPipeline.from_pretrained(tmp_path / which)
+        pipe.set_progress_bar_config(disable=True)
+        for record in records:
+            with Image.open(out / record["file"]) as png:
+                written = np.asarray(png.convert("RGB")).astype(int)
+            torch.manual_seed(record["seed"])  # the student's re-noising (the teacher draws none)
+            frames = pipe(record["prompt"], generator=torch.Generator().manual_seed(record["seed"]), num_frames=1,
+                          height=16, width=16, output_type="np", **calls[which]).video
+            assert frames.shape == (1, 16, 16, 3) == (1, *written.shape)  # one frame: an image per prompt
+            # equal but for rounding: the tiny VAE damps latent differences, so another prompt moves only a few
+            # percent of the 8-bit values, each by 1 - at most 0.5% may differ
+            difference = abs((frames[0] * 255).round().astype(int) - written)
+            assert difference.max() <= 1 and (difference > 0).mean() <= 0.005, (which, record, difference.max(),
+                                                                                 (difference > 0).mean())
 
 
 def test_encode_data_writes_the_pipelines_latents_and_prompt_embeddings(pipeline_folder: Path, tmp_path: Path) -> None:

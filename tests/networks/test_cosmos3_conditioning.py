@@ -99,3 +99,32 @@ def test_given_frames_with_sound_are_refused_in_one_line() -> None:
     config.model.conditioning_frames = 1
     with pytest.raises(ConfigError, match="multimodal sample"):
         instantiate(config.model_class, config=config.model)
+
+
+def test_an_image_of_another_size_is_prepared_as_the_pipeline_prepares_it(folder: Path, tmp_path: Path) -> None:
+    """``fastgen sample --image FILE`` of a 24x20 file for 16x16 samples: ``load_clip`` with the codec's
+    ``conditioning_image`` (the pipeline's own aspect-keeping resize and centre crop, not the video processor's
+    Lanczos resize of a clip's frames) continues it as ``Cosmos3OmniPipeline(image=...)`` does (1e-4); the video
+    processor's resize would give other pixels."""
+    from diffusers import Cosmos3OmniPipeline
+    from PIL import Image
+
+    from fastgen.networks.codecs import load_codec
+    from fastgen.pipelines.prompts import PromptSampler
+    from fastgen.pipelines.world import load_clip
+
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(tmp_path / "first.png")
+    pipe = Cosmos3OmniPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    model = sft_model(folder, TINY_COSMOS3, 3.0, [1, 3, 8, 8])
+    codec = load_codec(folder)
+    clip = load_clip(str(tmp_path / "first.png"), 16, 16, codec.conditioning_image)
+    assert clip.shape == (1, 3, 1, 16, 16)
+    assert (clip - load_clip(str(tmp_path / "first.png"), 16, 16)).abs().mean() > 0.02
+    ours = PromptSampler(model, model.net, "net", codec, steps=3, guidance=3.0).latents([PROMPT], [4], [1, 3, 8, 8],
+                                                                                          clip=clip)
+    with Image.open(tmp_path / "first.png") as image:
+        theirs = pipe(PROMPT, generator=torch.Generator().manual_seed(4), output_type="latent", num_frames=5,
+                      height=16, width=16, num_inference_steps=3, guidance_scale=3.0, image=image.convert("RGB")).video
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)

@@ -2,7 +2,9 @@
 ``Cosmos2_5_PredictBasePipeline`` at tiny random size (``tests/tiny_cosmos_predict25.py``) is the oracle - the
 wrapper against the model's own ``forward``, the codec against ``encode_prompt`` and ``prepare_latents``, teacher
 sampling (text-to-world, and an image continued with guidance) against the pipeline with fastgen's exported
-scheduler, SFT and DMD2 through the real trainer, and the export reloaded as the 2.5 pipeline."""
+scheduler, the network contract (labels, feature taps, meta builds, activation checkpointing, LoRA), SFT and DMD2
+through the real trainer, the export reloaded as the 2.5 pipeline and rendering what ``fastgen sample --prompt`` /
+``--image`` writes, and ``fastgen encode-data`` of images and clips against the pipeline's VAE encoding."""
 
 from __future__ import annotations
 
@@ -193,6 +195,72 @@ def test_contract_refusals_in_one_line() -> None:
         diffusers_sampling("cosmos25", SamplingPlan("ode", times), shifted)
 
 
+def test_contract_labels_taps_and_refusals() -> None:
+    """A label is its prompt-bank row - 32 wide, the projection's input, so the bank goes through ``crossattn_proj``
+    as an encoded prompt does (the same output as passing that row); feature taps are the chosen blocks' tokens as
+    ``(B, D, F h, w)`` maps; no condition is the zero rows; a log-variance, taps outside the blocks, a condition
+    longer than ``text_tokens`` and latents of the wrong width are one-line errors."""
+    from fastgen_testing import check_bank_labels_and_taps
+
+    net = _net(num_prompts=4, prompt_tokens=5)
+    assert tuple(net.backbone.prompt_bank.shape[1:]) == (5, 32)
+    x = torch.randn(2, 1, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([0.3, 0.9])
+    labels = torch.tensor([1, 3])
+    check_bank_labels_and_taps(net, x, t, labels, (2, 24, 3 * 4, 4))
+    with torch.no_grad():
+        assert torch.equal(net(x, t, condition=None), net(x, t, condition=torch.zeros(2, 1, 32)))
+    with pytest.raises(ValueError, match="text_tokens"):
+        net(x, t, condition=torch.randn(2, TEXT_TOKENS + 1, 32))
+    with pytest.raises(ValueError, match="1-channel"):
+        net(torch.randn(2, 2, 3, 8, 8), t, condition=labels)
+
+
+def test_a_meta_build_filled_from_a_real_one_predicts_the_same() -> None:
+    """``model.meta_init``: the network built on the meta device (a forward there gives the feature shapes DMD2's
+    GAN heads are sized by - through the text projection, with no values), allocated with ``to_empty`` and filled
+    from a real build (``broadcast_full_weights``) predicts exactly what the real build does, on a video and an
+    image."""
+    from fastgen.distributed.parallelize import broadcast_full_weights
+    from fastgen.networks.discriminator import probe_feature_shapes
+
+    real = _net(num_prompts=2)
+    with torch.device("meta"):
+        meta = instantiate(cosmos_predict25_transformer(TINY_COSMOS_PREDICT25, text_tokens=TEXT_TOKENS, shift=1.0,
+                                                        num_prompts=2))
+        assert probe_feature_shapes(meta, [1, 3, 8, 8], [1], 2, t=1.0) == [[24, 3 * 4, 4]]
+    assert all(p.is_meta for p in meta.parameters())
+    meta.to_empty(device="cpu")
+    broadcast_full_weights(meta, real)
+    g = torch.Generator().manual_seed(2)
+    x, t, text = torch.randn(2, 1, 3, 8, 8, generator=g), torch.tensor([0.3, 0.9]), torch.randn(2, 4, 32, generator=g)
+    with torch.no_grad():
+        assert torch.equal(meta(x, t, condition=text), real(x, t, condition=text))
+        assert torch.equal(meta(x[:, :, 0], t, condition=text), real(x[:, :, 0], t, condition=text))
+
+
+def test_activation_checkpointing_and_lora_keep_the_gradients() -> None:
+    """Activation checkpointing of every block (torch's composable ``checkpoint``, what
+    ``model.activation_checkpointing`` applies to ``shard_units``) gives the same gradients - the text projection's
+    too, which sits outside the blocks; a LoRA adapter on the self-attention queries and the cross-attention keys
+    (which read the projected text) trains only its branches and starts as the base network."""
+    from fastgen_testing import check_checkpointing_and_lora
+
+    g = torch.Generator().manual_seed(3)
+    x, t, text = torch.randn(2, 1, 3, 8, 8, generator=g), torch.tensor([0.3, 0.9]), torch.randn(2, 4, 32, generator=g)
+    reached = []
+
+    def make_net() -> Any:
+        net = _net()
+        reached.append(net)
+        return net
+
+    adapted = check_checkpointing_and_lora(make_net, x, t, text, ["*attn1.to_q", "*attn2.to_k"])
+    assert {".".join(path.split(".")[-2:]) for path in adapted} == {"attn1.to_q", "attn2.to_k"}
+    projection = reached[1].backbone.model.crossattn_proj[0].weight  # the checkpointed build's
+    assert projection.grad is not None and projection.grad.abs().sum() > 0
+
+
 def _digits_config(method: str, name: str | None = None) -> Any:
     """A digits recipe (``sft`` or ``dmd2``) with the tiny Predict 2.5 (labels through a bank of 10 stand-in prompts
     32 wide), 2 iterations; DMD2 with the GAN head and the teacher guided."""
@@ -221,18 +289,51 @@ def test_sft_then_dmd2_train_two_iterations_on_digits(output_root: Path, tmp_pat
     assert (output_root / "fastgen" / "digits" / "dmd2_cosmos_predict25" / "checkpoints" / "0000002.pth").is_file()
 
 
+def _same_8bit(ours: Any, theirs: Any, what: Any) -> None:
+    """Two 8-bit renders of the same latents: equal but for rounding - at most 1 apart, in at most 0.5% of the
+    values. The tiny VAE damps the latents' differences: another prompt, or the prompt encoded 8 tokens shorter,
+    moves only 1.4 - 10% of the values, each by 1, so ``max <= 1`` alone would pass them."""
+    difference = abs(ours.astype(int) - theirs.astype(int))
+    assert difference.max() <= 1 and (difference > 0).mean() <= 0.005, (what, difference.max(),
+                                                                          (difference > 0).mean())
+
+
+def _rendered(pipe: Any, prompt: str, seed: int, call: dict[str, Any], num_frames: int = 5, **media: Any) -> Any:
+    """The pipeline's frames for ``prompt`` and ``seed`` (``output_type="np"``: its denormalisation, VAE and video
+    processor) as 8-bit integers ``(num_frames, 16, 16, 3)``."""
+    frames = pipe(prompt=prompt, generator=torch.Generator().manual_seed(seed), height=16, width=16,
+                  num_frames=num_frames, max_sequence_length=TEXT_TOKENS, output_type="np", **media, **call).frames
+    assert frames.shape == (1, num_frames, 16, 16, 3)
+    return (frames[0] * 255).round().astype(int)
+
+
 def test_exports_reload_as_the_25_pipeline_and_sample_as_fastgen(folder: Path, output_root: Path, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A one-step DMD2 student of the tiny Predict 2.5 (2 iterations on digits from the pipeline folder) and its
     teacher (4 steps, guidance 3 against ""), exported with ``export_diffusers``: ``DiffusionPipeline.from_pretrained``
     gives a ``Cosmos2_5_PredictBasePipeline`` with the exported ``FlowMatchEulerDiscreteScheduler``, and its latents
-    for a prompt and seed are fastgen's ``PromptSampler``'s (1e-5; 3 latent frames of 8x8). The exported teacher
-    continues an image as fastgen does (generated frames, 1e-5)."""
+    for a prompt and seed are fastgen's ``PromptSampler``'s (1e-5; 3 latent frames of 8x8), its decoded frames
+    fastgen's pixels (1/255). The exported teacher continues an image as fastgen does (generated frames, 1e-5).
+
+    The command line: ``fastgen sample --prompt`` (two prompts, seeds 5 and 6) writes the PNGs the exported student
+    renders for the same prompts and seeds (one-frame samples, as the run's digits), and ``--teacher --image FILE``
+    (the run's config with 3 latent frames, ``--config``) an MP4 of the frames the exported teacher renders
+    continuing the same 24x20 file - resized as the 2.5 pipeline resizes an ``image=`` (``to_tensor``, then the
+    video processor's nearest-neighbour tensor resize: the codec's ``conditioning_image``), not with the Lanczos PIL
+    resize ``load_clip`` gives a clip's frames."""
+    import json
+
+    import numpy as np
+    from fastgen_testing import run_in_process
+    from PIL import Image
+
     from fastgen.checkpoint.run import load_run, select_net
+    from fastgen.configs.config_utils import apply_overrides, config_to_yaml, load_config
     from fastgen.networks.codecs import load_codec
     from fastgen.networks.conditioning_frames import WithConditioningFrames, with_given_frames
     from fastgen.networks.cosmos_predict25 import conditioning_latents
     from fastgen.pipelines.export import export_diffusers
+    from fastgen.pipelines.media import read_mp4, write_mp4
     from fastgen.pipelines.noise import PipelineNoise, seeded
     from fastgen.pipelines.prompts import PromptSampler, ode_sample
     from fastgen.trainer import Trainer
@@ -242,11 +343,14 @@ def test_exports_reload_as_the_25_pipeline_and_sample_as_fastgen(folder: Path, o
     config.model.pretrained_model_path = str(folder)
     config.model.gan_loss_weight_gen = 0.0
     Trainer(config).run()
-    run = load_run(output_root / "fastgen" / "digits" / "export_cosmos_predict25")
+    run_dir = output_root / "fastgen" / "digits" / "export_cosmos_predict25"
+    run = load_run(run_dir)
     codec = load_codec(folder, max_sequence_length=TEXT_TOKENS)
+    calls = {}
     for which, options in (("teacher", {"steps": 4, "guidance": 3.0}), ("net", {})):
         info = export_diffusers(str(run.checkpoint), str(tmp_path / which), only=which, **options)
         assert info["family"] == "cosmos25" and info["scheduler"] == "FlowMatchEulerDiscreteScheduler"
+        calls[which] = info["call"]
         pipe = load_pipeline(tmp_path / which)
         assert type(pipe).__name__ == "Cosmos2_5_PredictBasePipeline"
         sampler = PromptSampler(run.model, select_net(run, which), which, codec, **options)
@@ -254,6 +358,9 @@ def test_exports_reload_as_the_25_pipeline_and_sample_as_fastgen(folder: Path, o
         theirs = pipe(prompt=PROMPT, generator=torch.Generator().manual_seed(5), height=16, width=16, num_frames=5,
                       max_sequence_length=TEXT_TOKENS, output_type="latent", **info["call"]).frames
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+        pixels = sampler.pixels(ours).numpy()[0].astype(int)
+        assert pixels.shape == (5, 16, 16, 3)  # the toy VAE: 3 latent frames -> 5
+        _same_8bit(_rendered(pipe, PROMPT, 5, info["call"]), pixels, which)
         if which == "teacher":
             frame = random_frames(1, 3)[0]
             image = pipe(prompt=PROMPT, image=frame, generator=torch.Generator().manual_seed(6), height=16, width=16,
@@ -268,6 +375,43 @@ def test_exports_reload_as_the_25_pipeline_and_sample_as_fastgen(folder: Path, o
             # the samplers' path (``fastgen sample --image``): the codec's own conditioning (zero frames, the mode)
             sampled = sampler.latents([PROMPT], [6], [1, 3, 8, 8], clip=_clip(frame))
             torch.testing.assert_close(sampled[:, :, k:], image[:, :, k:], atol=1e-5, rtol=0)
+
+    # ``fastgen sample --prompt``: the student's PNGs are the exported student's renders
+    prompts = [PROMPT, "two dogs"]
+    result = run_in_process("sample", str(run_dir), "--prompt", prompts[0], "--prompt", prompts[1], "--seed", "5",
+                            "--out", str(tmp_path / "cli"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = json.loads((tmp_path / "cli" / "samples.json").read_text())
+    assert [(r["file"], r["prompt"], r["seed"]) for r in records] == [("0000.png", prompts[0], 5),
+                                                                      ("0001.png", prompts[1], 6)]
+    pipe = load_pipeline(tmp_path / "net")
+    written = []
+    for record in records:
+        with Image.open(tmp_path / "cli" / record["file"]) as png:
+            written.append(np.asarray(png.convert("RGB")).astype(int))
+        theirs = _rendered(pipe, record["prompt"], record["seed"], calls["net"], num_frames=1)[0]
+        _same_8bit(theirs, written[-1], record)
+    assert np.abs(written[0] - written[1]).max() > 8  # two prompts and seeds, two images
+
+    # ``--teacher --image FILE``: the run's model on 3 latent frames (5 pixel frames) continues the file, an MP4
+    video_config = load_config(str(run_dir / "config.yaml"))
+    apply_overrides(video_config, ["model.input_shape=[1,3,8,8]"])
+    (tmp_path / "video.yaml").write_text(config_to_yaml(video_config))
+    Image.fromarray(np.random.default_rng(4).integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(tmp_path / "first.png")
+    result = run_in_process("sample", str(run_dir), "--config", str(tmp_path / "video.yaml"), "--teacher", "--steps",
+                            "4", "--guidance", "3", "--prompt", PROMPT, "--image", str(tmp_path / "first.png"),
+                            "--seed", "6", "--out", str(tmp_path / "cli_image"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "cli_image" / "samples.json").read_text())[0]["file"] == "0000.mp4"
+    video = read_mp4(tmp_path / "cli_image" / "0000.mp4").astype(int)
+    with Image.open(tmp_path / "first.png") as first:
+        theirs = _rendered(load_pipeline(tmp_path / "teacher"), PROMPT, 6, calls["teacher"], image=first.convert("RGB"))
+    # H.264 (4:2:0) moves these noisy frames by ~6/255 on average, so the pipeline's frames go through the same
+    # encoder: equal frames give equal files (0 here); another prompt moves the decoded frames 0.5/255 on average,
+    # another seed 2.7/255, no image 7.6/255
+    write_mp4(tmp_path / "theirs.mp4", theirs.astype(np.uint8), fps=16)
+    difference = np.abs(video - read_mp4(tmp_path / "theirs.mp4").astype(int))
+    assert video.shape == (5, 16, 16, 3) and difference.mean() <= 0.2, (difference.mean(), difference.max())
 
 
 def test_encode_data_writes_latents_and_captions_only(folder: Path, tmp_path: Path) -> None:
@@ -287,6 +431,48 @@ def test_encode_data_writes_latents_and_captions_only(folder: Path, tmp_path: Pa
             raw = pipe.vae.encode(pixels).latent_dist.mode()[0, :, 0]
         want = (raw - pipe.latents_mean[0, :, 0]) * pipe.latents_std[0, :, 0]
         torch.testing.assert_close(torch.from_numpy(members[caption]["latent"]), want, atol=1e-6, rtol=0)
+
+
+def test_encode_data_writes_the_pipelines_latents_of_video_clips(folder: Path, tmp_path: Path) -> None:
+    """``fastgen encode-data --frames 5`` with a Predict 2.5 folder: each captioned 24x20 MP4 clip becomes ``(1, 3, 8,
+    8)`` latents of its first 5 frames - as read back from the file (H.264 is lossy), centre-cropped to 20x20 and
+    resized to 16x16 - equal to the pipeline's own encoding of them (``prepare_latents``: the VAE's mode, ``(z -
+    mean) * (1 / std)`` per channel, every frame), and no text; a clip shorter than 5 frames is skipped."""
+    import json
+
+    import numpy as np
+    from fastgen_testing import run_in_process, shard_samples
+
+    from fastgen.datasets.sources import center_crop_resize_array
+    from fastgen.pipelines.media import read_mp4, write_mp4
+
+    src = tmp_path / "clips"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    captions = {"first": PROMPT, "second": "two dogs", "short": "a short clip"}
+    for name, count in (("first", 7), ("second", 5), ("short", 3)):
+        write_mp4(src / f"{name}.mp4", rng.integers(0, 256, (count, 20, 24, 3), dtype=np.uint8), fps=8)
+        (src / f"{name}.txt").write_text(captions[name])
+    shards = tmp_path / "shards"
+    result = run_in_process("encode-data", str(src), str(shards), "--weights", str(folder), "--resolution", "16",
+                            "--frames", "5", "--device", "cpu")
+    assert result.returncode == 0, result.stderr[-2000:]
+    index = json.loads((shards / "index.json").read_text())
+    assert index["samples"] == 2 and index["latent_shape"] == [1, 3, 8, 8] and "text" not in index["fields"]
+    members = shard_samples(shards)
+    assert set(members) == {PROMPT, "two dogs"}
+    pipe = load_pipeline(folder)
+    for name in ("first", "second"):
+        sample = members[captions[name]]
+        assert set(sample) == {"latent", "txt", "json"}
+        assert sample["json"]["frames"] == [0, 1, 5]  # start, stride, count
+        frames = np.stack([center_crop_resize_array(f, 16) for f in read_mp4(src / f"{name}.mp4")[:5]])
+        video = torch.from_numpy(frames).permute(3, 0, 1, 2)[None].float() / 127.5 - 1
+        with torch.no_grad():
+            raw = pipe.vae.encode(video).latent_dist.mode()
+        want = ((raw - pipe.latents_mean) * pipe.latents_std)[0]
+        assert want.shape == (1, 3, 8, 8)
+        torch.testing.assert_close(torch.from_numpy(sample["latent"]), want, atol=1e-5, rtol=1e-5)
 
 
 def test_encode_batches_feeds_captions_through_the_codec_to_a_train_step(folder: Path) -> None:
