@@ -214,7 +214,8 @@ def _video_frames(source: Source, resolution: Resolution,
     sound = read_sound(source.image if source.image is not None else source.data or b"", start, samples,
                        frames.sound_rate)
     if sound is None:
-        raise ValueError(f"{source.relative}: no audio track (this family trains on clips with sound)")
+        raise ValueError(f"{source.relative}: no audio track (these shards hold each clip's sound; Cosmos 3 video "
+                         "alone: --no-sound)")
     meta["sound"] = {"start": start, "rate": frames.sound_rate, "samples": samples}
     return np.stack(picked), meta, sound
 
