@@ -9,6 +9,7 @@ tested, not the identity."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -107,3 +108,40 @@ def tiny_ltx2_pipeline(transformer: Any) -> Any:
     return LTX2Pipeline(scheduler=scheduler, vae=tiny_video_vae(), audio_vae=tiny_audio_vae(),
                         text_encoder=gemma_encoder(len(tokenizer)), tokenizer=tokenizer, connectors=tiny_connectors(),
                         transformer=transformer, vocoder=tiny_vocoder())
+
+
+def saved_tiny_pipeline(folder: Path) -> Any:
+    """A ``TINY_LTX2`` network (seed 0; 80 video tokens set its sampling shift, as ``LTX2Pipeline``'s dynamic shift
+    does for 5 x 4 x 4 latents) in a tiny ``LTX2Pipeline`` saved at ``folder``; returns the network's config."""
+    from fastgen.configs.instantiate import instantiate
+    from fastgen.configs.net_ltx2 import TINY_LTX2, ltx2_transformer
+
+    torch.manual_seed(0)
+    net_config = ltx2_transformer(TINY_LTX2, video_seq_len=80)
+    tiny_ltx2_pipeline(instantiate(net_config).backbone.model).save_pretrained(folder)
+    return net_config
+
+
+def random_clip_shards(codec: Any, captions: list[str], folder: Path) -> dict[str, list[int]]:
+    """WebDataset shards (4 samples each) in ``folder`` of the codec's latents of random clips and spectrograms
+    (``latent.npy``, ``audio_latent.npy``; generator seed 1) and its condition of ``captions`` (``text.npy``), the
+    fields ``encode-data`` writes; returns the samples' modality shapes."""
+    import io
+
+    import numpy as np
+
+    from fastgen.datasets.webdataset import write_shards
+
+    def npy(array: torch.Tensor) -> bytes:
+        buffer = io.BytesIO()
+        np.save(buffer, array.numpy())
+        return buffer.getvalue()
+
+    g = torch.Generator().manual_seed(1)
+    count = len(captions)
+    video = codec.encode_images(torch.rand(count, 3, FRAMES, PIXELS, PIXELS, generator=g) * 2 - 1)
+    audio = codec.encode_audio(torch.randn(count, 2, 36, 16, generator=g))
+    text = codec.condition(codec.encode_prompts(captions))
+    write_shards(({"__key__": f"{i:04d}", "latent.npy": npy(video[i]), "audio_latent.npy": npy(audio[i]),
+                   "text.npy": npy(text[i])} for i in range(count)), folder, samples_per_shard=4)
+    return {"video": list(video.shape[1:]), "audio": list(audio.shape[1:])}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from fastgen_testing import shard_samples, two_iterations
-from tiny_ltx2 import FRAME_RATE, FRAMES, PIXELS, tiny_ltx2_pipeline
+from tiny_ltx2 import FRAME_RATE, FRAMES, PIXELS, saved_tiny_pipeline
 
 from fastgen.configs.net_ltx2 import TINY_LTX2, ltx2_transformer
 from fastgen.pipelines.media import write_mp4
@@ -21,12 +21,8 @@ CAPTIONS = {"loud": "a drum", "quiet": "a flute", "mono": "a bell"}
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from fastgen.configs.instantiate import instantiate
-
-    torch.manual_seed(0)
-    net = instantiate(ltx2_transformer(TINY_LTX2, video_seq_len=80))
     path = tmp_path_factory.mktemp("ltx2_encode") / "pipeline"
-    tiny_ltx2_pipeline(net.backbone.model).save_pretrained(path)
+    saved_tiny_pipeline(path)
     return path
 
 

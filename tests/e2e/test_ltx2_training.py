@@ -117,16 +117,6 @@ def test_two_fsdp_ranks_train_ltx2_after_a_meta_build(output_root: Path, tmp_pat
     assert any(not torch.equal(net[k], saved[k]) for k in saved)
 
 
-def _npy(array: torch.Tensor) -> bytes:
-    import io
-
-    import numpy as np
-
-    buffer = io.BytesIO()
-    np.save(buffer, array.numpy())
-    return buffer.getvalue()
-
-
 def test_encoded_shards_train_and_the_export_samples_in_diffusers(output_root: Path, tmp_path: Path) -> None:
     """The codec of a tiny LTX2Pipeline folder encodes clips, spectrograms and captions into WebDataset shards
     (``real.video`` / ``real.audio`` fields nest into one multimodal sample); SFT trains the folder's network on them
@@ -135,14 +125,11 @@ def test_encoded_shards_train_and_the_export_samples_in_diffusers(output_root: P
     audio latents to 1e-4), its transformer the run's weights; ``fastgen sample RUN --prompt`` writes an MP4 with
     its sound track, a WAV and samples.npz, and bad ``--modality-guidance`` values are one-line errors."""
     from diffusers import LTX2Pipeline
-    from tiny_ltx2 import FRAME_RATE, FRAMES, MAX_SEQUENCE_LENGTH, PIXELS, tiny_ltx2_pipeline
+    from tiny_ltx2 import FRAME_RATE, FRAMES, MAX_SEQUENCE_LENGTH, PIXELS, random_clip_shards, saved_tiny_pipeline
 
     from fastgen.checkpoint.run import load_run, select_net
     from fastgen.configs.config_utils import load_config
     from fastgen.configs.data import webdataset_loader
-    from fastgen.configs.instantiate import instantiate
-    from fastgen.configs.net_ltx2 import TINY_LTX2, ltx2_transformer
-    from fastgen.datasets.webdataset import write_shards
     from fastgen.networks.codecs import load_codec
     from fastgen.pipelines.export import export_diffusers
     from fastgen.pipelines.noise import seeded
@@ -150,22 +137,15 @@ def test_encoded_shards_train_and_the_export_samples_in_diffusers(output_root: P
     from fastgen.pipelines.schedulers import plan_of
     from fastgen.trainer import Trainer
 
-    torch.manual_seed(0)
-    net_config = ltx2_transformer(TINY_LTX2, video_seq_len=80)
     folder = tmp_path / "pipeline"
-    tiny_ltx2_pipeline(instantiate(net_config).backbone.model).save_pretrained(folder)
+    net_config = saved_tiny_pipeline(folder)
     codec = load_codec(folder, max_sequence_length=MAX_SEQUENCE_LENGTH)
-    g = torch.Generator().manual_seed(1)
     captions = ["a cat", "a dog", "the sea", "two birds", "a red fox", "rain", "one fish", "a tree"]
-    video = codec.encode_images(torch.rand(8, 3, FRAMES, PIXELS, PIXELS, generator=g) * 2 - 1)
-    audio = codec.encode_audio(torch.randn(8, 2, 36, 16, generator=g))
-    text = codec.condition(codec.encode_prompts(captions))
-    write_shards(({"__key__": f"{i:04d}", "latent.npy": _npy(video[i]), "audio_latent.npy": _npy(audio[i]),
-                   "text.npy": _npy(text[i])} for i in range(8)), tmp_path / "shards", samples_per_shard=4)
+    shapes = random_clip_shards(codec, captions, tmp_path / "shards")
 
     config = load_config(RECIPE)
     config.model.net = net_config
-    config.model.modality_shapes = {"video": list(video.shape[1:]), "audio": list(audio.shape[1:])}
+    config.model.modality_shapes = shapes
     config.model.num_classes = 1  # text embeddings from the data pass through
     config.model.use_ema = False
     config.model.sample_steps = 3

@@ -272,16 +272,6 @@ def test_ltx2_pdd_trains_two_iterations_and_samples_with_any_step_count(output_r
     assert (run / "checkpoints" / "0000002.pth").is_file()
 
 
-def _npy(array: torch.Tensor) -> bytes:
-    import io
-
-    import numpy as np
-
-    buffer = io.BytesIO()
-    np.save(buffer, array.numpy())
-    return buffer.getvalue()
-
-
 def test_ltx2_pdd_student_exports_to_ltx2pipeline(output_root: Path, tmp_path: Path) -> None:
     """A PDD student of a tiny LTX2Pipeline folder (2 iterations on encoded shards, the teacher guided per stream)
     exported with ``--to diffusers --steps 2``: the folder holds block 0's fused projections of both streams and
@@ -290,34 +280,24 @@ def test_ltx2_pdd_student_exports_to_ltx2pipeline(output_root: Path, tmp_path: P
     callback (block 0's projections throughout) it does not. ``PromptSampler`` (``fastgen sample --prompt``) draws
     the same fused-block samples."""
     from diffusers import LTX2Pipeline
-    from tiny_ltx2 import FRAME_RATE, FRAMES, MAX_SEQUENCE_LENGTH, PIXELS, tiny_ltx2_pipeline
+    from tiny_ltx2 import FRAME_RATE, FRAMES, MAX_SEQUENCE_LENGTH, PIXELS, random_clip_shards, saved_tiny_pipeline
 
     from fastgen.checkpoint.run import load_run, select_net
     from fastgen.configs.data import webdataset_loader
-    from fastgen.configs.net_ltx2 import TINY_LTX2, ltx2_transformer
-    from fastgen.datasets.webdataset import write_shards
     from fastgen.networks.codecs import load_codec
     from fastgen.pipelines.export import export_diffusers
     from fastgen.pipelines.noise import seeded
     from fastgen.pipelines.pdd_blocks import BLOCKS_FILE, FORMAT_V2, PDDBlockWeights
     from fastgen.trainer import Trainer
 
-    torch.manual_seed(0)
-    net_config = ltx2_transformer(TINY_LTX2, video_seq_len=80)
     folder = tmp_path / "pipeline"
-    tiny_ltx2_pipeline(instantiate(net_config).backbone.model).save_pretrained(folder)
+    net_config = saved_tiny_pipeline(folder)
     codec = load_codec(folder, max_sequence_length=MAX_SEQUENCE_LENGTH)
-    g = torch.Generator().manual_seed(1)
-    captions = ["a cat", "a dog", "the sea", "two birds"]
-    video = codec.encode_images(torch.rand(4, 3, FRAMES, PIXELS, PIXELS, generator=g) * 2 - 1)
-    audio = codec.encode_audio(torch.randn(4, 2, 36, 16, generator=g))
-    text = codec.condition(codec.encode_prompts(captions))
-    write_shards(({"__key__": f"{i:04d}", "latent.npy": _npy(video[i]), "audio_latent.npy": _npy(audio[i]),
-                   "text.npy": _npy(text[i])} for i in range(4)), tmp_path / "shards", samples_per_shard=4)
+    shapes = random_clip_shards(codec, ["a cat", "a dog", "the sea", "two birds"], tmp_path / "shards")
 
     config = create_config()
     config.model.net = net_config
-    config.model.modality_shapes = {"video": list(video.shape[1:]), "audio": list(audio.shape[1:])}
+    config.model.modality_shapes = shapes
     config.model.num_classes = 1  # text embeddings from the data pass through
     config.model.pretrained_model_path = str(folder)  # the teacher, and the student's start
     config.model.grid_size = 4
