@@ -86,7 +86,7 @@ def encode_data(
             raise UsageError(f"{value}: encode-data reads and writes local folders or s3:// prefixes")
     folder = Path(weights).expanduser()
     from fastgen.datasets.encode import Frames, check_sizes
-    from fastgen.networks.codecs import codec_family
+    from fastgen.networks.codecs import codec_family, has_component
     from fastgen.utils.dtypes import FLOAT_DTYPES
 
     # bad input fails here, once, before any model is loaded or any worker started
@@ -104,6 +104,8 @@ def encode_data(
     family = codec_family(folder)
     if family == "ltx2" and no_sound:  # its networks generate both streams: video-only shards would not train them
         raise UsageError("--no-sound: LTX-2 trains its video and audio streams together, so its shards need the sound")
+    if family == "ltx2" and not has_component(folder, "audio_vae"):
+        raise UsageError(f"{folder}: the LTX-2 pipeline has no audio_vae, which its shards' sound needs")
     _check_frames(family, folder, frames)
     if wants_launch(nproc_per_node, nnodes):
         from fastgen.cli.launching import launch_this_command
@@ -176,7 +178,6 @@ def _encode(shards: list[Any], source: str, target: str, folder: Path, resolutio
     from fastgen.datasets.encode import Destination, encode_shards, write_index
     from fastgen.evaluation.sampling import resolve_device
     from fastgen.networks.codecs import codec_class, codec_family, load_codec
-    from fastgen.utils.errors import UsageError
 
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     if world > 1:
@@ -186,8 +187,6 @@ def _encode(shards: list[Any], source: str, target: str, folder: Path, resolutio
     # a family whose shards hold no text condition (Cosmos Predict 2.5: codec.text_in_shards) needs no text encoder
     text = bool(getattr(codec_class(codec_family(folder)), "text_in_shards", True))
     codec = load_codec(folder, dtype=dtype, text=text).to(resolve_device(device))
-    if codec.family == "ltx2" and not codec.waveform_rate:
-        raise UsageError(f"{folder}: the LTX-2 pipeline has no audio_vae, which its shards' sound needs")
     if sound and codec.waveform_rate:
         frames = dataclasses.replace(frames, sound_rate=codec.waveform_rate)
     progress = (BarProgress() if interactive() else LineProgress()) if rank == 0 else None

@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastgen.datasets.sources import Resolution
 from fastgen.utils.errors import UsageError
 from fastgen.utils.io import atomic_open, atomic_write_text
 from fastgen.utils.logging import get_logger
@@ -68,8 +69,6 @@ from fastgen.utils.logging import get_logger
 logger = get_logger(__name__)
 
 FORMAT = "fastgen-latents"
-#: a square side, or ``(width, height)`` (``--resolution 768x512``)
-Resolution = int | tuple[int, int]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv")
 # WebDataset members an input sample's picture or video may be in, in the order they are looked for

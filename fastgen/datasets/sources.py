@@ -174,7 +174,11 @@ def imagenet_files(source: Path) -> tuple[list[tuple[Path, int]], list[str]]:
     return files, synsets
 
 
-def center_crop_resize(path: Path | Any, resolution: int | tuple[int, int]) -> np.ndarray:
+#: a square side, or ``(width, height)`` (``encode-data --resolution 768x512``)
+Resolution = int | tuple[int, int]
+
+
+def center_crop_resize(path: Path | Any, resolution: Resolution) -> np.ndarray:
     """EDM's ``--transform=center-crop`` (see the module docstring) of an image file (a path or a binary file
     object): ``(resolution, resolution, 3)`` uint8; ``(width, height)``: ``(height, width, 3)`` (``crop_box``)."""
     import numpy as np
@@ -188,12 +192,12 @@ def center_crop_resize(path: Path | Any, resolution: int | tuple[int, int]) -> n
     return center_crop_resize_array(array, resolution)
 
 
-def target_size(resolution: int | tuple[int, int]) -> tuple[int, int]:
+def target_size(resolution: Resolution) -> tuple[int, int]:
     """``(width, height)`` of a square side or a ``(width, height)`` pair."""
     return (resolution, resolution) if isinstance(resolution, int) else (int(resolution[0]), int(resolution[1]))
 
 
-def crop_box(width: int, height: int, resolution: int | tuple[int, int]) -> tuple[int, int, int, int]:
+def crop_box(width: int, height: int, resolution: Resolution) -> tuple[int, int, int, int]:
     """``(left, top, crop_width, crop_height)``: the largest centred region of a ``width x height`` picture with the
     target's aspect ratio - for a square target the largest centred square (``crop = min(H, W)``, EDM's
     ``center-crop``), for a ``w x h`` one the full height and ``round(H w / h)`` columns when the picture is wider
@@ -206,7 +210,7 @@ def crop_box(width: int, height: int, resolution: int | tuple[int, int]) -> tupl
     return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
 
 
-def center_crop_resize_array(array: np.ndarray, resolution: int | tuple[int, int]) -> np.ndarray:
+def center_crop_resize_array(array: np.ndarray, resolution: Resolution) -> np.ndarray:
     """The largest centred region of an ``(H, W, 3)`` uint8 array with the target's aspect ratio (``crop_box``),
     resized to ``resolution`` (a square side, or ``(width, height)``) with Lanczos."""
     import numpy as np
@@ -236,5 +240,5 @@ def encoded(images: np.ndarray, labels: np.ndarray) -> Iterator[tuple[bytes, int
         yield encode_png(image), int(label)
 
 
-__all__ = ["center_crop_resize", "center_crop_resize_array", "crop_box", "digits_split", "encoded", "imagenet_files",
-           "imagenet_png", "imagenet_train_folder", "read_cifar10_archive", "read_idx", "target_size"]
+__all__ = ["Resolution", "center_crop_resize", "center_crop_resize_array", "crop_box", "digits_split", "encoded",
+           "imagenet_files", "imagenet_png", "imagenet_train_folder", "read_cifar10_archive", "read_idx", "target_size"]

@@ -52,12 +52,18 @@ from fastgen.networks.diffusers_nets import import_diffusers, import_extra, pack
 from fastgen.utils.errors import UsageError
 
 
+def has_component(folder: str | Path, name: str) -> bool:
+    """Whether the pipeline folder's ``model_index.json`` names a component ``name`` (``[library, class]``; an
+    optional one a pipeline was saved without is ``[null, null]``)."""
+    entry = json.loads((Path(folder) / "model_index.json").read_text()).get(name)
+    return isinstance(entry, list) and entry[0] is not None
+
+
 def _component(folder: Path, name: str, dtype: torch.dtype | None) -> Any:
     """Pipeline component ``name`` of ``folder`` as its ``model_index.json`` names it (library, class)."""
-    index = json.loads((folder / "model_index.json").read_text())
-    if name not in index or not isinstance(index[name], list) or index[name][0] is None:
+    if not has_component(folder, name):
         raise UsageError(f"{folder}: the pipeline has no {name!r} component (model_index.json)")
-    library, class_name = index[name]
+    library, class_name = json.loads((folder / "model_index.json").read_text())[name]
     module = import_diffusers() if library == "diffusers" else import_extra("transformers", "text encoders")
     cls = getattr(module, class_name, None)
     if cls is None:

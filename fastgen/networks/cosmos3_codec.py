@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastgen.networks.codecs import Codec, _component
+from fastgen.networks.codecs import Codec, _component, has_component
 from fastgen.networks.conditioning_frames import encode_given_clips
 from fastgen.networks.cosmos3 import load_tokenizer, prompt_ids
 from fastgen.networks.modalities import is_multimodal
@@ -89,8 +89,7 @@ class Cosmos3Codec(Codec):
             table = read_embedding_table(folder).to(dtype)
             embedding = nn.Embedding(*table.shape, _weight=table).requires_grad_(False)
             parts = {"tokenizer": load_tokenizer(str(folder)), "embed_tokens": embedding}
-        sound = json.loads((folder / "model_index.json").read_text()).get("sound_tokenizer")
-        if isinstance(sound, list) and sound[0] is not None and (folder / "sound_tokenizer").is_dir():
+        if has_component(folder, "sound_tokenizer") and (folder / "sound_tokenizer").is_dir():
             parts["sound_tokenizer"] = _component(folder, "sound_tokenizer", dtype).requires_grad_(False).eval()
         return cls(_component(folder, "vae", dtype), **parts, **kwargs)
 

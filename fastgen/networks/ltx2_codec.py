@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from fastgen.networks.codecs import Codec, _component
+from fastgen.networks.codecs import Codec, _component, has_component
 from fastgen.networks.ltx2 import pack_audio, unpack_audio
 from fastgen.networks.modalities import is_multimodal
 from fastgen.utils.errors import UsageError
@@ -190,9 +190,8 @@ class LTX2Codec(Codec):
                         **kwargs: Any) -> Codec:
         """The codec of an ``LTX2Pipeline`` folder; ``text=False``: without the text stack (decoding needs none)."""
         folder = Path(folder).expanduser()
-        index = json.loads((folder / "model_index.json").read_text())
         audio = {name: _pipeline_component(folder, name, dtype) for name in cls.AUDIO_PARTS
-                 if isinstance(index.get(name), list) and index[name][0] is not None}
+                 if has_component(folder, name)}
         vae = _component(folder, "vae", dtype)
         parts = {name: _pipeline_component(folder, name, dtype) for name in cls.components} if text else {}
         return cls(vae, **audio, **parts, **kwargs)
